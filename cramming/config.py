@@ -1,0 +1,211 @@
+"""Typed config schema. Hydra composes the YAML presets in conf/; `load_config` checks the result against
+these dataclasses (unknown keys, wrong types) and then `validate` checks choices and ranges, so a bad value
+stops the run with one line before any data is read or any budget is spent.
+"""
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import UserError
+
+
+@dataclass
+class ArchConfig:
+    num_layers: int = 16
+    hidden_size: int = 768
+    num_heads: int = 12
+    ffn_size: int = 3072
+    ffn: str = "glu"  # mlp | glu
+    activation: str = "gelu"
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-12
+    norm_position: str = "pre"  # pre | post
+    embedding_norm: bool = True
+    final_norm: bool = True
+    bias: bool = False
+    position: str = "scaled-sinusoidal"
+    max_seq_length: int = 128
+    tie_embeddings: bool = True
+    objective: str = "mlm"
+    head_transform: bool = False
+    sparse_prediction: bool = True
+    init_std: float = 0.02
+    hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
+    attention_dropout: float = 0.0
+
+
+@dataclass
+class HubSource:
+    path: str = ""
+    name: str | None = None
+    split: str = "train"
+    text_field: str = "text"
+
+
+@dataclass
+class TokenizerConfig:
+    kind: str = "wordpiece"  # wordpiece | bpe | unigram | a Hugging Face tokenizer name or folder
+    train_max_chars: int = 100_000_000  # text used to learn the vocabulary
+
+
+@dataclass
+class DataConfig:
+    source: str = "python-docs"  # python-docs | local-text | hub | sanity
+    path: str | None = None  # local-text: a file, folder or glob
+    text_field: str = "text"  # local-text: the field of .jsonl/.json/.parquet/.csv files
+    hub: list[HubSource] = field(default_factory=list)
+    seq_length: int = 128
+    vocab_size: int = 32768
+    lowercase: bool = True
+    strip_accents: bool = True
+    ascii_only: bool = True
+    max_chars: int | None = None  # stop reading the source after this many characters
+    max_tokens: int | None = None  # stop tokenizing after this many tokens
+    validation_fraction: float = 0.01
+    filter_threshold: float | None = None  # keep a document only if tokens / characters < threshold
+    dedup: bool = True
+    ordering: str = "random"  # random | sentence-length
+    cache_dir: str = "~/.cache/cramming"
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-12
+    weight_decay: float = 0.01
+    grad_clip: float | None = 0.5
+    batch_size: int = 8192  # sequences per optimizer step, reached at the end of the ramp
+    batch_ramp: float = 0.6  # budget fraction over which the batch grows linearly; 0 = full batch from the start
+    schedule: str = "budget-triangle"
+    max_steps: int | None = None  # null = the budget alone ends the run
+    mask_prob: float = 0.25
+    mask_token_share: float = 0.8  # of the masked positions: [MASK]; the rest split evenly random / unchanged
+    validation_sequences: int = 2048
+    log_every: int = 1
+    tensorboard: bool = False
+
+
+@dataclass
+class ImplConfig:
+    device: str = "auto"  # auto | cuda | cpu
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    compile: bool | None = None  # null = on for cuda, off for cpu
+    microbatch_size: int = 128
+    attention: str = "sdpa"  # sdpa | eager
+    num_workers: int = 0
+
+
+@dataclass
+class PretrainConfig:
+    name: str = "default"
+    seed: int = 0
+    budget: float = 24.0  # wall-clock hours of training
+    dryrun: bool = False
+    arch: ArchConfig = field(default_factory=ArchConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    impl: ImplConfig = field(default_factory=ImplConfig)
+
+
+def load_config(cfg: DictConfig) -> PretrainConfig:
+    """Hydra's composed config -> a validated PretrainConfig, or a UserError naming the bad key."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), cfg)
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        first_line = str(err).splitlines()[0]
+        raise UserError(f"config {key}: {first_line}" if key else f"config: {first_line}") from None
+    validate(config)
+    return config
+
+
+def _choice(key: str, value, choices) -> None:
+    if value not in choices:
+        raise UserError(f"{key}={value!r} is not a valid option; choose one of: {', '.join(sorted(choices))}")
+
+
+def _check(ok: bool, key: str, value, requirement: str) -> None:
+    if not ok:
+        raise UserError(f"{key}={value!r} is invalid: {requirement}")
+
+
+def validate(c: PretrainConfig) -> None:
+    """Choices and ranges. Registries are the single source of valid names."""
+    from .data.sources import SOURCES
+    from .data.tokenizer import TOKENIZER_KINDS
+    from .model.attention import ATTENTION_KERNELS
+    from .model.ffn import ACTIVATIONS, FFNS
+    from .model.norms import NORMS
+    from .model.positions import POSITIONS
+    from .train.schedule import SCHEDULES
+
+    a, d, t, i = c.arch, c.data, c.train, c.impl
+    _check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
+    for key in ("num_layers", "hidden_size", "num_heads", "ffn_size", "max_seq_length"):
+        _check(getattr(a, key) > 0, f"arch.{key}", getattr(a, key), "must be > 0")
+    _check(a.hidden_size % a.num_heads == 0, "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
+    _choice("arch.ffn", a.ffn, FFNS)
+    _check(a.ffn != "glu" or a.ffn_size % 2 == 0, "arch.ffn_size", a.ffn_size, "must be even for a GLU")
+    _choice("arch.activation", a.activation, ACTIVATIONS)
+    _choice("arch.norm", a.norm, NORMS)
+    _choice("arch.norm_position", a.norm_position, ("pre", "post"))
+    _choice("arch.position", a.position, POSITIONS)
+    _choice("arch.objective", a.objective, ("mlm",))
+    for key in ("hidden_dropout", "attention_dropout"):
+        _check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
+
+    _choice("data.source", d.source, SOURCES)
+    _check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
+    _check(
+        d.seq_length <= a.max_seq_length,
+        "data.seq_length",
+        d.seq_length,
+        f"longer than arch.max_seq_length={a.max_seq_length}; raise arch.max_seq_length",
+    )
+    _check(d.vocab_size >= 64, "data.vocab_size", d.vocab_size, "must be >= 64")
+    _check(0 < d.validation_fraction < 0.5, "data.validation_fraction", d.validation_fraction, "must be in (0, 0.5)")
+    if d.filter_threshold is not None:
+        _check(d.filter_threshold > 0, "data.filter_threshold", d.filter_threshold, "must be > 0 or null")
+    _choice("data.ordering", d.ordering, ("random", "sentence-length"))
+    if d.source == "local-text":
+        _check(bool(d.path), "data.path", d.path, "data=local-text needs data.path=<file, folder or glob>")
+    if d.source == "hub":
+        _check(bool(d.hub) and all(h.path for h in d.hub), "data.hub", d.hub, "name at least one hub dataset path")
+    if d.tokenizer.kind in TOKENIZER_KINDS:
+        _check(d.tokenizer.train_max_chars > 0, "data.tokenizer.train_max_chars", d.tokenizer.train_max_chars, "must be > 0")
+
+    _check(t.lr > 0, "train.lr", t.lr, "must be > 0")
+    _check(all(0 <= b < 1 for b in t.betas), "train.betas", t.betas, "each must be in [0, 1)")
+    _check(t.batch_size > 0, "train.batch_size", t.batch_size, "must be > 0")
+    _check(0 <= t.batch_ramp < 1, "train.batch_ramp", t.batch_ramp, "must be in [0, 1)")
+    _choice("train.schedule", t.schedule, SCHEDULES)
+    if t.max_steps is not None:
+        _check(t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
+    _check(0 < t.mask_prob < 1, "train.mask_prob", t.mask_prob, "must be in (0, 1)")
+    _check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
+    _check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
+    _check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
+    if t.grad_clip is not None:
+        _check(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0 or null")
+
+    _choice("impl.device", i.device, ("auto", "cuda", "cpu"))
+    _choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
+    _choice("impl.attention", i.attention, ATTENTION_KERNELS)
+    _check(i.microbatch_size > 0, "impl.microbatch_size", i.microbatch_size, "must be > 0")
+    _check(
+        t.batch_size % microbatch_size(c) == 0,
+        "train.batch_size",
+        t.batch_size,
+        f"must be a multiple of impl.microbatch_size={i.microbatch_size}",
+    )
+    _check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
+
+
+def microbatch_size(c: PretrainConfig) -> int:
+    """Sequences per forward pass: impl.microbatch_size, or the whole batch when that is smaller."""
+    return min(c.impl.microbatch_size, c.train.batch_size)

@@ -1,0 +1,1 @@
+"""Data: raw text sources -> trained tokenizer -> packed, cached token arrays -> MLM batches."""

@@ -1,0 +1,34 @@
+"""Stream text datasets from the Hugging Face hub (for users with internet)."""
+
+import os
+from collections.abc import Iterator
+
+from ..errors import UserError
+
+
+def _offline_error(path: str, reason: str) -> UserError:
+    return UserError(
+        f"the hub dataset {path!r} cannot be reached ({reason}); offline, train on local files instead: "
+        "data=local-text data.path='<file, folder or glob>'"
+    )
+
+
+def iter_documents(sources) -> Iterator[str]:
+    """Documents of each configured dataset in turn, streamed (nothing is downloaded whole)."""
+    for source in sources:
+        if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+            raise _offline_error(source.path, "HF_HUB_OFFLINE is set")
+        from datasets import load_dataset
+
+        try:
+            rows = load_dataset(source.path, source.name, split=source.split, streaming=True)
+            for row in rows:
+                text = row.get(source.text_field)
+                if text is None:
+                    raise UserError(f"hub dataset {source.path!r} has no field {source.text_field!r} (fields: {', '.join(row)})")
+                if text.strip():
+                    yield text
+        except UserError:
+            raise
+        except Exception as err:  # requests/httpx connection errors, hub errors: all mean "not reachable"
+            raise _offline_error(source.path, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None

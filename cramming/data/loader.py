@@ -1,0 +1,60 @@
+"""Batches of packed sequences for training (endless, in the configured order) and validation (fixed)."""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ..errors import UserError
+from .packed import PackedTokens
+
+
+def open_split(folder: Path, meta: dict, split: str) -> PackedTokens:
+    return PackedTokens(folder / f"{split}.bin", np.dtype(meta["dtype"]), meta["seq_length"], meta["special_ids"]["cls"])
+
+
+def epoch_order(folder: Path, num_sequences: int, ordering: str, seed: int, epoch: int) -> np.ndarray:
+    """random: a fresh permutation per epoch. sentence-length: Cramming's curriculum, sequences sorted by their
+    count of "." tokens (fewer, i.e. longer sentences, first), ties in random order."""
+    perm = np.random.default_rng([seed, epoch]).permutation(num_sequences)
+    if ordering == "random":
+        return perm
+    periods = np.load(folder / "train_periods.npy")
+    return perm[np.argsort(periods[perm], kind="stable")]
+
+
+class EndlessOrder(Sampler):
+    def __init__(self, folder: Path, num_sequences: int, ordering: str, seed: int):
+        self.folder, self.n, self.ordering, self.seed = folder, num_sequences, ordering, seed
+
+    def __iter__(self):
+        epoch = 0
+        while True:
+            yield from epoch_order(self.folder, self.n, self.ordering, self.seed, epoch).tolist()
+            epoch += 1
+
+
+def train_batches(folder: Path, meta: dict, ordering: str, seed: int, microbatch_size: int, num_workers: int,
+                  pin_memory: bool):
+    data = open_split(folder, meta, "train")
+    if len(data) < microbatch_size:
+        raise UserError(f"only {len(data)} training sequences, fewer than one microbatch "
+                        f"(impl.microbatch_size={microbatch_size}); give more text or lower the microbatch")
+    loader = DataLoader(
+        data,
+        batch_size=microbatch_size,
+        sampler=EndlessOrder(folder, len(data), ordering, seed),
+        drop_last=True,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
+    return iter(loader)
+
+
+def validation_batches(folder: Path, meta: dict, max_sequences: int, batch_size: int):
+    data = open_split(folder, meta, "val")
+    count = min(len(data), max_sequences)
+    for start in range(0, count, batch_size):
+        yield torch.from_numpy(data.rows(range(start, min(count, start + batch_size))))

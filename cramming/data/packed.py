@@ -1,0 +1,33 @@
+"""A flat token stream on disk, read as fixed-length [CLS]-prefixed sequences through a memory map."""
+
+from pathlib import Path
+
+import numpy as np
+
+
+class PackedTokens:
+    def __init__(self, path: Path, dtype, seq_length: int, cls_id: int):
+        self.stream = np.memmap(path, dtype=dtype, mode="r")
+        self.stride = seq_length - 1
+        self.cls_id = cls_id
+
+    def __len__(self) -> int:
+        return len(self.stream) // self.stride
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        row = np.empty(self.stride + 1, dtype=np.int64)
+        row[0] = self.cls_id
+        row[1:] = self.stream[index * self.stride : (index + 1) * self.stride]
+        return row
+
+    def rows(self, indices) -> np.ndarray:
+        return np.stack([self[int(i)] for i in indices])
+
+    def count_per_sequence(self, token_id: int, block: int = 1 << 16) -> np.ndarray:
+        """How often `token_id` occurs in each sequence (for the sentence-length curriculum), in blocks."""
+        counts = np.empty(len(self), dtype=np.int32)
+        for start in range(0, len(self), block):
+            stop = min(len(self), start + block)
+            chunk = np.asarray(self.stream[start * self.stride : stop * self.stride]).reshape(stop - start, self.stride)
+            counts[start:stop] = (chunk == token_id).sum(axis=1)
+        return counts

@@ -1,0 +1,182 @@
+"""Turn a text source into a cached, packed token stream: the one place data is prepared.
+
+Two streaming passes over the source (memory does not grow with the corpus, only the set of 16-byte
+document hashes used for deduplication does): pass 1 trains the tokenizer on a capped sample, pass 2
+deduplicates, tokenizes in batches, filters by compressibility, splits documents into train and
+validation by a hash of their text (so no document is ever in both) and appends token ids to two flat
+files. Each document ends in [SEP]; a training sequence is [CLS] + the next seq_length-1 stream tokens,
+crossing document boundaries, with no padding.
+
+The result lives in `<cache_dir>/<hash of the data config and input>/` and is built in a temporary
+folder under a file lock, then renamed into place, so concurrent sweep jobs share one build.
+"""
+
+import fcntl
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from ..errors import UserError
+from .packed import PackedTokens
+from .sources import open_source
+from .tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, train_tokenizer
+
+PIPELINE_VERSION = 1
+ENCODE_BATCH = 512
+
+
+def cache_key(cfg, fingerprint) -> str:
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "ordering")}
+    blob = json.dumps([PIPELINE_VERSION, settings, fingerprint], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def prepare_data(cfg) -> tuple[Path, dict]:
+    """Return the cache folder for this data config (building it if needed) and its metadata."""
+    cache_root = Path(os.path.expanduser(cfg.cache_dir)).resolve()
+    source = open_source(cfg, cache_root)
+    folder = cache_root / cache_key(cfg, source.fingerprint())
+    if not (folder / "meta.json").exists():
+        with open(str(folder) + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a second job waits here, then finds the finished cache
+            if not (folder / "meta.json").exists():
+                _build(cfg, source, folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    print(f"data: {meta['train_sequences']:,} train / {meta['val_sequences']:,} validation sequences "
+          f"of {cfg.seq_length} tokens from {folder}", flush=True)
+    return folder, meta
+
+
+def load_tokenizer(folder: Path):
+    return AutoTokenizer.from_pretrained(folder / "tokenizer")
+
+
+def _capped(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
+    used = 0
+    for doc in docs:
+        if max_chars is not None and used >= max_chars:
+            return
+        used += len(doc)
+        yield doc
+
+
+def _build(cfg, source, folder: Path) -> None:
+    started = time.time()
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        tokenizer = _get_tokenizer(cfg, source)
+        tokenizer.save_pretrained(tmp / "tokenizer")
+        stats = _tokenize_and_pack(cfg, source, tokenizer, tmp)
+        meta = {
+            "pipeline_version": PIPELINE_VERSION,
+            "seq_length": cfg.seq_length,
+            "vocab_size": len(tokenizer),
+            "dtype": stats.pop("dtype"),
+            "special_ids": {
+                "pad": tokenizer.pad_token_id, "cls": tokenizer.cls_token_id,
+                "sep": tokenizer.sep_token_id, "mask": tokenizer.mask_token_id,
+            },
+            "period_id": tokenizer.convert_tokens_to_ids("."),
+            "source_fingerprint": source.fingerprint(),
+            "seconds": round(time.time() - started, 2),
+            **stats,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))  # written last: marks the build complete
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _get_tokenizer(cfg, source):
+    kind = cfg.tokenizer.kind
+    if kind not in TOKENIZER_KINDS:
+        return load_pretrained_tokenizer(kind, cfg.seq_length)
+    cap = min(cfg.tokenizer.train_max_chars, cfg.max_chars or cfg.tokenizer.train_max_chars)
+    docs = tqdm(_capped(source.documents(), cap), desc="training tokenizer", unit=" doc", mininterval=2)
+    tokenizer = train_tokenizer(docs, kind, cfg.vocab_size, cfg.seq_length, cfg.lowercase, cfg.strip_accents,
+                                cfg.ascii_only)
+    if len(tokenizer) < 16:
+        raise UserError("the corpus is empty: the tokenizer learned no vocabulary; check data.path / data.source")
+    return tokenizer
+
+
+def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
+    backend = tokenizer.backend_tokenizer
+    dtype = np.uint16 if len(tokenizer) <= 2**16 else np.uint32
+    sep = tokenizer.sep_token_id
+    counts = {"documents_read": 0, "duplicates": 0, "filtered": 0, "train_documents": 0, "val_documents": 0}
+    tokens = {"train": 0, "val": 0}
+    seen: set[bytes] = set()
+    files = {split: open(tmp / f"{split}.bin", "wb") for split in ("train", "val")}
+    progress = tqdm(desc="tokenizing", unit=" doc", mininterval=2)
+    docs = _capped(source.documents(), cfg.max_chars)
+    try:
+        while batch := list(itertools.islice(docs, ENCODE_BATCH)):
+            keep, digests = [], []
+            for text in batch:
+                digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
+                if cfg.dedup:
+                    if digest in seen:
+                        counts["duplicates"] += 1
+                        continue
+                    seen.add(digest)
+                keep.append(text)
+                digests.append(digest)
+            counts["documents_read"] += len(batch)
+            for text, digest, enc in zip(keep, digests, backend.encode_batch(keep, add_special_tokens=False)):
+                ids = enc.ids
+                if not ids or (cfg.filter_threshold is not None and len(ids) / len(text) >= cfg.filter_threshold):
+                    counts["filtered"] += 1
+                    continue
+                split = "val" if int.from_bytes(digest[:8], "little") / 2**64 < cfg.validation_fraction else "train"
+                np.asarray(ids + [sep], dtype=dtype).tofile(files[split])
+                tokens[split] += len(ids) + 1
+                counts[f"{split}_documents"] += 1
+            progress.update(len(batch))
+            progress.set_postfix(tokens=f"{tokens['train'] + tokens['val']:,}")
+            if cfg.max_tokens is not None and tokens["train"] + tokens["val"] >= cfg.max_tokens:
+                break
+    finally:
+        progress.close()
+        for fh in files.values():
+            fh.close()
+
+    if counts["train_documents"] == 0:
+        raise UserError(
+            f"no training text left: {counts['documents_read']} documents read, {counts['duplicates']} duplicates, "
+            f"{counts['filtered']} dropped by data.filter_threshold={cfg.filter_threshold}; "
+            "check the data or raise/disable the filter (data.filter_threshold=null)"
+        )
+    stride = cfg.seq_length - 1
+    stats = {
+        **counts,
+        "train_tokens": tokens["train"],
+        "val_tokens": tokens["val"],
+        "train_sequences": tokens["train"] // stride,
+        "val_sequences": tokens["val"] // stride,
+        "dtype": np.dtype(dtype).name,
+    }
+    if stats["train_sequences"] == 0 or stats["val_sequences"] == 0:
+        raise UserError(
+            f"too little data: {tokens['train']:,} train and {tokens['val']:,} validation tokens make "
+            f"{stats['train_sequences']} / {stats['val_sequences']} sequences of {cfg.seq_length}; "
+            "give more text, or raise data.validation_fraction"
+        )
+    periods = PackedTokens(tmp / "train.bin", dtype, cfg.seq_length, tokenizer.cls_token_id).count_per_sequence(
+        tokenizer.convert_tokens_to_ids(".")
+    )
+    np.save(tmp / "train_periods.npy", periods)
+    return stats

@@ -1,0 +1,89 @@
+"""Raw text sources by name (`data.source`). Each gives documents and a fingerprint for the cache key."""
+
+import json
+import os
+import random
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..model.registry import Registry
+from . import hub, local_text
+
+SOURCES = Registry("data source")
+
+
+@SOURCES.register("python-docs")
+class PythonDocs:
+    """The embedded default: prose documentation shipped with this Python installation (see python_docs.py)."""
+
+    def __init__(self, cfg, cache_dir: Path):
+        self.cap = cfg.max_chars or 20_000_000
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        self.corpus = cache_dir / f"python-docs-py{version}-{self.cap}.jsonl"
+
+    def fingerprint(self):
+        return ["python-docs", str(self.corpus)]
+
+    def documents(self) -> Iterator[str]:
+        from .python_docs import build_corpus
+
+        if not self.corpus.exists():
+            print(f"building the python-docs corpus (up to {self.cap:,} characters) ...", flush=True)
+            stats = build_corpus(self.corpus, max_chars=self.cap)
+            print(f"python-docs corpus: {stats['documents']:,} documents, {stats['characters']:,} characters, "
+                  f"{stats['seconds']:.1f} s", flush=True)
+        with open(self.corpus, encoding="utf-8") as fh:
+            for line in fh:
+                yield json.loads(line)["text"]
+
+
+@SOURCES.register("local-text")
+class LocalText:
+    def __init__(self, cfg, cache_dir: Path):
+        self.files = local_text.resolve_files(cfg.path)
+        self.text_field = cfg.text_field
+
+    def fingerprint(self):
+        return ["local-text", self.text_field, local_text.fingerprint(self.files)]
+
+    def documents(self) -> Iterator[str]:
+        return local_text.iter_documents(self.files, self.text_field)
+
+
+@SOURCES.register("hub")
+class Hub:
+    def __init__(self, cfg, cache_dir: Path):
+        self.sources = cfg.hub
+
+    def fingerprint(self):
+        return ["hub", [[s.path, s.name, s.split, s.text_field] for s in self.sources]]
+
+    def documents(self) -> Iterator[str]:
+        return hub.iter_documents(self.sources)
+
+
+@SOURCES.register("sanity")
+class Sanity:
+    """Random words from a small made-up lexicon: no meaning, only for smoke tests of the machinery."""
+
+    def __init__(self, cfg, cache_dir: Path):
+        self.cap = cfg.max_chars or 2_000_000
+
+    def fingerprint(self):
+        return ["sanity", self.cap]
+
+    def documents(self) -> Iterator[str]:
+        rng = random.Random(0)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        lexicon = ["".join(rng.choices(letters, k=rng.randint(2, 8))) for _ in range(2000)]
+        produced = 0
+        while produced < self.cap:
+            doc = " ".join(rng.choices(lexicon, k=rng.randint(50, 300))) + "."
+            produced += len(doc)
+            yield doc
+
+
+def open_source(cfg, cache_dir: Path):
+    os.makedirs(cache_dir, exist_ok=True)
+    return SOURCES.get_or_explain(cfg.source)(cfg, cache_dir)

@@ -1,0 +1,95 @@
+"""Train a tokenizer on the corpus with `tokenizers`, wrapped as a PreTrainedTokenizerFast.
+
+Special tokens are the BERT set in a fixed order, so ids 0-4 are always [PAD] [UNK] [CLS] [SEP] [MASK],
+and the post-processor adds [CLS] a [SEP] (b [SEP]) exactly as packing and GLUE evaluation expect.
+"""
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ..errors import UserError
+from ..model.registry import Registry
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOKENIZER_KINDS = Registry("tokenizer kind")
+
+
+def _normalizer(lowercase: bool, strip_accents: bool, ascii_only: bool):
+    steps = [normalizers.NFD()]
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    if strip_accents:
+        steps.append(normalizers.StripAccents())
+    if ascii_only:
+        steps.append(normalizers.Replace(Regex(r"[^\x00-\x7F]"), ""))
+    return normalizers.Sequence(steps)
+
+
+@TOKENIZER_KINDS.register("wordpiece")
+def _wordpiece(vocab_size: int):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    return tok, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+
+
+@TOKENIZER_KINDS.register("bpe")
+def _bpe(vocab_size: int):
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    return tok, trainer
+
+
+@TOKENIZER_KINDS.register("unigram")
+def _unigram(vocab_size: int):
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, unk_token="[UNK]", show_progress=False
+    )
+    return tok, trainer
+
+
+def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, max_length: int, lowercase: bool = True,
+                    strip_accents: bool = True, ascii_only: bool = True) -> PreTrainedTokenizerFast:
+    tok, trainer = TOKENIZER_KINDS.get_or_explain(kind)(vocab_size)
+    tok.normalizer = _normalizer(lowercase, strip_accents, ascii_only)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        model_max_length=max_length,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def load_pretrained_tokenizer(name: str, max_length: int) -> PreTrainedTokenizerFast:
+    """A Hugging Face tokenizer by hub name or local folder; it must have the BERT-style special tokens."""
+    try:
+        tok = AutoTokenizer.from_pretrained(name, model_max_length=max_length)
+    except OSError as err:
+        raise UserError(
+            f"data.tokenizer.kind={name!r}: not a built-in kind ({', '.join(TOKENIZER_KINDS)}) and could not be "
+            f"loaded as a Hugging Face tokenizer ({str(err).splitlines()[0]})"
+        ) from None
+    missing = [t for t in ("pad_token", "cls_token", "sep_token", "mask_token") if getattr(tok, t) is None]
+    if missing:
+        raise UserError(f"data.tokenizer.kind={name!r} lacks special tokens {missing}; MLM needs pad/cls/sep/mask")
+    return tok

@@ -1,0 +1,75 @@
+"""The Hugging Face config of a crammed model: every architecture knob the model reads."""
+
+from transformers import PretrainedConfig
+
+
+class CrammedConfig(PretrainedConfig):
+    model_type = "crammed"
+    # Names generic Hugging Face code (pipelines, Trainer, PEFT) looks for.
+    attribute_map = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads"}
+
+    def __init__(
+        self,
+        vocab_size: int = 32768,
+        hidden_size: int = 768,
+        num_layers: int = 16,
+        num_heads: int = 12,
+        ffn_size: int = 3072,
+        ffn: str = "glu",
+        activation: str = "gelu",
+        norm: str = "layernorm",
+        norm_eps: float = 1e-12,
+        norm_position: str = "pre",
+        embedding_norm: bool = True,
+        final_norm: bool = True,
+        bias: bool = False,
+        position: str = "scaled-sinusoidal",
+        max_seq_length: int = 128,
+        tie_embeddings: bool = True,
+        objective: str = "mlm",
+        head_transform: bool = False,
+        sparse_prediction: bool = True,
+        init_std: float = 0.02,
+        hidden_dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        classifier_dropout: float = 0.1,
+        attention_impl: str = "sdpa",
+        pad_token_id: int = 0,
+        cls_token_id: int = 2,
+        sep_token_id: int = 3,
+        mask_token_id: int = 4,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.ffn_size = ffn_size
+        self.ffn = ffn
+        self.activation = activation
+        self.norm = norm
+        self.norm_eps = norm_eps
+        self.norm_position = norm_position
+        self.embedding_norm = embedding_norm
+        self.final_norm = final_norm
+        self.bias = bias
+        self.position = position
+        self.max_seq_length = max_seq_length
+        self.tie_embeddings = tie_embeddings
+        self.objective = objective
+        self.head_transform = head_transform
+        self.sparse_prediction = sparse_prediction
+        self.init_std = init_std
+        self.hidden_dropout = hidden_dropout
+        self.attention_dropout = attention_dropout
+        self.classifier_dropout = classifier_dropout
+        self.attention_impl = attention_impl
+        self.cls_token_id = cls_token_id
+        self.mask_token_id = mask_token_id
+        kwargs.pop("tie_word_embeddings", None)  # derived from tie_embeddings; present when loading a saved config
+        super().__init__(
+            pad_token_id=pad_token_id,
+            sep_token_id=sep_token_id,
+            tie_word_embeddings=tie_embeddings,
+            **kwargs,
+        )

@@ -1,0 +1,44 @@
+"""Feed-forward blocks, by name (`arch.ffn`), with the activation by name (`arch.activation`)."""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .registry import Registry
+
+FFNS = Registry("ffn")
+ACTIVATIONS = Registry("activation")
+ACTIVATIONS.register("gelu")(F.gelu)
+ACTIVATIONS.register("relu")(F.relu)
+ACTIVATIONS.register("silu")(F.silu)
+ACTIVATIONS.register("relu2")(lambda x: F.relu(x).square())
+
+
+@FFNS.register("mlp")
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
+        self.down = nn.Linear(config.ffn_size, config.hidden_size, bias=config.bias)
+        self.act = ACTIVATIONS.get_or_explain(config.activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+@FFNS.register("glu")
+class GLU(nn.Module):
+    """Gated linear unit: one projection to ffn_size, split in halves, act(a) * b, back from ffn_size / 2.
+
+    This is Cramming's form: the GLU halves the width and is not rescaled to keep parameters equal.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
+        self.down = nn.Linear(config.ffn_size // 2, config.hidden_size, bias=config.bias)
+        self.act = ACTIVATIONS.get_or_explain(config.activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.up(x).chunk(2, dim=-1)
+        return self.down(self.act(gate) * value)

@@ -1,0 +1,154 @@
+"""The crammed encoder and its heads, as Hugging Face models.
+
+Read top to bottom: embeddings -> blocks -> final norm (CrammedModel), then the MLM head
+(CrammedForMaskedLM) and the pooled classifier used by GLUE (CrammedForSequenceClassification).
+Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from .block import TransformerBlock
+from .configuration_crammed import CrammedConfig
+from .ffn import ACTIVATIONS
+from .norms import build_norm
+from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
+
+
+class CrammedPreTrainedModel(PreTrainedModel):
+    config_class = CrammedConfig
+    base_model_prefix = "encoder"
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # transformers.initialization skips tensors already loaded from a checkpoint.
+        std = self.config.init_std
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if module.weight is not None:
+                init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, SinusoidalPositions):
+            init.copy_(module.table, sinusoid_table(*module.table.shape))
+            if isinstance(module, ScaledSinusoidalPositions):
+                init.constant_(module.scale, self.config.hidden_size**-0.5)
+
+
+class CrammedModel(CrammedPreTrainedModel):
+    def __init__(self, config: CrammedConfig):
+        super().__init__(config)
+        self.tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.positions = POSITIONS.get_or_explain(config.position)(config)
+        self.embedding_norm = build_norm(config) if config.embedding_norm else nn.Identity()
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.tokens
+
+    def set_input_embeddings(self, value):
+        self.tokens = value
+
+    def forward(self, input_ids, attention_mask=None, return_dict=None, **unused) -> BaseModelOutput:
+        x = self.tokens(input_ids)
+        pos = self.positions(input_ids.shape[1])
+        if pos is not None:
+            x = x + pos.to(x.dtype)
+        x = self.dropout(self.embedding_norm(x))
+        # A mask of all ones is the same as no mask; skipping it keeps the fused attention paths.
+        key_padding_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_padding_mask = attention_mask.bool()
+        for layer in self.layers:
+            x = layer(x, key_padding_mask)
+        return BaseModelOutput(last_hidden_state=self.final_norm(x))
+
+
+class CrammedForMaskedLM(CrammedPreTrainedModel):
+    """Encoder + MLM decoder (tied to the token embeddings).
+
+    With `sparse_prediction` and labels given, only masked positions (label != -100) go through the
+    decoder, and `logits` holds just those rows: the vocabulary projection is most of an MLM step's
+    compute at small widths, and 75 % of it is wasted on unmasked tokens otherwise.
+    """
+
+    _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
+
+    def __init__(self, config: CrammedConfig):
+        super().__init__(config)
+        self.encoder = CrammedModel(config)
+        if config.head_transform:  # the original BERT head: dense -> act -> norm before the decoder
+            self.transform = nn.Sequential(
+                nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias),
+                _Activation(config.activation),
+                build_norm(config),
+            )
+        else:
+            self.transform = nn.Identity()
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.bias)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.decoder
+
+    def set_output_embeddings(self, value):
+        self.decoder = value
+
+    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> MaskedLMOutput:
+        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+        if labels is None:
+            return MaskedLMOutput(logits=self.decoder(self.transform(hidden)))
+        if self.config.sparse_prediction:
+            labels = labels.reshape(-1)
+            selected = labels != -100
+            hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
+            labels = labels[selected]
+        logits = self.decoder(self.transform(hidden))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class CrammedForSequenceClassification(CrammedPreTrainedModel):
+    """Encoder + pooler (first token, dense + tanh) + classifier; one label means regression (STS-B)."""
+
+    def __init__(self, config: CrammedConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.encoder = CrammedModel(config)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused):
+        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+        pooled = torch.tanh(self.pooler(hidden[:, 0]))
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+class _Activation(nn.Module):
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+        self.fn = ACTIVATIONS.get_or_explain(name)
+
+    def forward(self, x):
+        return self.fn(x)

@@ -1,0 +1,122 @@
+"""The pretraining recipe, top to bottom: config -> data -> model -> budget trainer -> checkpoint."""
+
+import json
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import impl as impl_
+from .config import PretrainConfig, microbatch_size
+from .data.loader import train_batches
+from .data.prepare import load_tokenizer, prepare_data
+from .model import CrammedConfig, CrammedForMaskedLM
+from .train.checkpoint import save_checkpoint
+from .train.evaluate import validation_metrics
+from .train.metrics import MetricsLog
+from .train.optim import build_optimizer
+from .train.trainer import Budget, train
+
+
+def build_model(arch, vocab_size: int, special_ids: dict, attention: str) -> CrammedForMaskedLM:
+    settings = asdict(arch)
+    config = CrammedConfig(
+        **settings,
+        vocab_size=vocab_size,
+        attention_impl=attention,
+        pad_token_id=special_ids["pad"],
+        cls_token_id=special_ids["cls"],
+        sep_token_id=special_ids["sep"],
+        mask_token_id=special_ids["mask"],
+    )
+    return CrammedForMaskedLM(config)
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
+    """Run the whole recipe; returns train_summary (also written into the checkpoint)."""
+    setup_start = time.time()
+    run_dir = Path(run_dir)
+    seed_everything(config.seed)
+    runtime = impl_.resolve(config.impl)
+
+    if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
+        model = build_model(config.arch, config.data.vocab_size, dict(pad=0, cls=2, sep=3, mask=4), config.impl.attention)
+        print(f"dryrun: config valid; model has {count_parameters(model):,} parameters; device {runtime.device}")
+        return {"dryrun": True, "parameters": count_parameters(model)}
+
+    folder, meta = prepare_data(config.data)
+    tokenizer = load_tokenizer(folder)
+    model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], config.impl.attention)
+    parameters = count_parameters(model)
+    print(f"model: {parameters:,} parameters, device {runtime.device}, precision {runtime.precision}, "
+          f"compile {runtime.compile}", flush=True)
+    model.to(runtime.device)
+    optimizer = build_optimizer(model, config.train, runtime.device)
+    step_model = torch.compile(model) if runtime.compile else model
+    microbatch = microbatch_size(config)
+    batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch,
+                            config.impl.num_workers, pin_memory=runtime.device.type == "cuda")
+    setup_seconds = time.time() - setup_start
+
+    eval_start = time.time()
+    autocast = runtime.autocast()
+    val_batch = microbatch
+    untrained = validation_metrics(model, folder, meta, config.train, val_batch, runtime.device, autocast)
+    eval_seconds = time.time() - eval_start
+    print(f"untrained validation loss {untrained['val_loss']:.4f}", flush=True)
+
+    log = MetricsLog(run_dir, config.train.tensorboard)
+    try:
+        result = train(step_model, optimizer, batches, meta, config.train, microbatch,
+                       Budget(config.budget * 3600, config.train.max_steps), runtime.device, autocast,
+                       runtime.grad_scaler(), log)
+        eval_start = time.time()
+        final = validation_metrics(model, folder, meta, config.train, val_batch, runtime.device, autocast)
+        eval_seconds += time.time() - eval_start
+        log.log({"step": result["steps"], **final})
+    finally:
+        log.close()
+    print(f"validation loss {final['val_loss']:.4f} (untrained {untrained['val_loss']:.4f}), "
+          f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
+
+    summary = {
+        "name": config.name,
+        "parameters": parameters,
+        "steps": result["steps"],
+        "tokens": result["tokens"],
+        "tokens_per_s": result["tokens_per_s"],
+        "final_train_loss": result["final_train_loss"],
+        "val_loss": final["val_loss"],
+        "val_accuracy": final["val_accuracy"],
+        "untrained_val_loss": untrained["val_loss"],
+        "untrained_val_accuracy": untrained["val_accuracy"],
+        "wall_seconds": {
+            "setup": round(setup_seconds, 3),
+            "compile": round(result["compile_seconds"], 3),
+            "train": round(result["train_seconds"] - result["compile_seconds"], 3),
+            "eval": round(eval_seconds, 3),
+        },
+        "budget_hours": config.budget,
+        "device": str(runtime.device),
+        "precision": runtime.precision,
+        "data": {"cache": str(folder), **{k: meta[k] for k in ("train_sequences", "val_sequences", "train_tokens",
+                                                                "val_tokens", "vocab_size")}},
+        "config": asdict(config),
+    }
+    path = save_checkpoint(model, tokenizer, summary, run_dir)
+    (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"checkpoint: {path}", flush=True)
+    return summary

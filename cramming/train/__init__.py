@@ -1,0 +1,1 @@
+"""The time-budgeted trainer: schedules, masking, the loop, metrics and checkpoints."""

@@ -1,0 +1,110 @@
+"""Every config group option composes and validates; bad values fail with one line naming the key."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from cramming.config import load_config
+from cramming.errors import UserError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for group in ("arch", "data", "train", "impl")}
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="pretrain", overrides=list(overrides))
+
+
+def test_groups_have_documented_options():
+    assert {"crammed-bert", "bert-base", "crammed-bert-tiny", "crammed-bert-mini"} <= set(GROUPS["arch"])
+    assert {"python-docs", "local-text", "sanity", "wikitext-103", "bookcorpus-wikipedia", "the-pile",
+            "fineweb-edu"} <= set(GROUPS["data"])
+    assert {"budget-o4", "cpu-smoke"} <= set(GROUPS["train"])
+    assert {"auto", "gpu", "cpu"} <= set(GROUPS["impl"])
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_option_composes_and_validates(group, option):
+    extra = ["data.path=somewhere.txt"] if option == "local-text" else []
+    config = load_config(compose_config(f"{group}={option}", *extra))
+    assert config.arch.hidden_size % config.arch.num_heads == 0
+
+
+def test_crammed_bert_is_the_cramming_recipe():
+    c = load_config(compose_config())
+    a, t = c.arch, c.train
+    assert (a.num_layers, a.hidden_size, a.num_heads, a.ffn_size) == (16, 768, 12, 3072)
+    assert (a.ffn, a.norm_position, a.bias, a.position, a.tie_embeddings) == ("glu", "pre", False, "scaled-sinusoidal", True)
+    assert a.embedding_norm and a.final_norm and a.sparse_prediction
+    assert (t.lr, tuple(t.betas), t.eps, t.weight_decay, t.grad_clip) == (1e-3, (0.9, 0.98), 1e-12, 0.01, 0.5)
+    assert (t.batch_size, t.batch_ramp, t.schedule, t.mask_prob) == (8192, 0.6, "budget-triangle", 0.25)
+    assert c.budget == 24.0 and c.data.seq_length == 128 and c.data.vocab_size == 32768
+
+
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("+arch.bogus=1", "arch.bogus"),
+        ("arch.hidden_size=big", "arch.hidden_size"),
+        ("arch.position=wavy", "arch.position='wavy' is not a valid option; choose one of: learned, none"),
+        ("arch.norm=batchnorm", "arch.norm='batchnorm'"),
+        ("arch.ffn=moe", "arch.ffn='moe'"),
+        ("arch.activation=tanhh", "arch.activation"),
+        ("arch.norm_position=middle", "arch.norm_position"),
+        ("arch.num_heads=5", "must divide arch.hidden_size"),
+        ("arch.objective=clm", "arch.objective"),
+        ("budget=0", "budget=0"),
+        ("data.seq_length=1024", "longer than arch.max_seq_length"),
+        ("data.validation_fraction=0", "data.validation_fraction"),
+        ("data.ordering=alphabetical", "data.ordering"),
+        ("data.source=ftp", "data.source"),
+        ("data.filter_threshold=-1", "data.filter_threshold"),
+        ("data.vocab_size=10", "data.vocab_size"),
+        ("train.schedule=zigzag", "train.schedule='zigzag'"),
+        ("train.lr=-1", "train.lr"),
+        ("train.batch_ramp=1.5", "train.batch_ramp"),
+        ("train.batch_size=200", "multiple of impl.microbatch_size"),
+        ("train.mask_prob=0", "train.mask_prob"),
+        ("train.max_steps=0", "train.max_steps"),
+        ("impl.device=tpu", "impl.device"),
+        ("impl.precision=fp8", "impl.precision"),
+        ("impl.attention=magic", "impl.attention"),
+        ("impl.microbatch_size=0", "impl.microbatch_size"),
+    ],
+)
+def test_bad_values_name_the_key(override, fragment):
+    with pytest.raises(UserError) as err:
+        load_config(compose_config(override))
+    message = str(err.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_local_text_needs_a_path():
+    with pytest.raises(UserError, match="data.path"):
+        load_config(compose_config("data=local-text"))
+
+
+def test_cuda_requested_without_gpu_is_a_clear_error():
+    import torch
+
+    from cramming import impl
+
+    config = load_config(compose_config("impl=gpu"))
+    if torch.cuda.is_available():
+        assert impl.resolve(config.impl).device.type == "cuda"
+    else:
+        with pytest.raises(UserError, match="no CUDA device"):
+            impl.resolve(config.impl)
+
+
+def test_auto_impl_resolves_to_this_machine():
+    import torch
+
+    from cramming import impl
+
+    runtime = impl.resolve(load_config(compose_config("impl=auto")).impl)
+    assert runtime.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert runtime.compile == (runtime.device.type == "cuda")
