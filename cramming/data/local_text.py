@@ -1,4 +1,4 @@
-"""Read the user's own text: a file, a folder or a glob of .txt/.jsonl/.json/.parquet/.csv files.
+"""Read the user's own text: a file, a folder or a glob of text (.txt, .raw, ...) or .jsonl/.json/.parquet/.csv files.
 
 Plain text is streamed line by line and split into documents at blank lines, so memory stays bounded
 whatever the file size; structured files are streamed through `datasets`.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import UserError
 
-TEXT_SUFFIXES = {".txt", ".text", ".md"}
+TEXT_SUFFIXES = {".txt", ".text", ".raw"}  # what a folder is searched for; a named file or glob may be any text
 STRUCTURED_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -32,9 +32,6 @@ def resolve_files(path: str) -> list[Path]:
         files = [Path(expanded)]
     else:
         raise UserError(f"data.path={path!r}: no such file or folder")
-    for f in files:
-        if not _supported(f):
-            raise UserError(f"data.path: {f} has an unsupported type; use .txt, .jsonl, .json, .parquet or .csv")
     return files
 
 
@@ -89,7 +86,7 @@ def iter_structured_file(path: Path, text_field: str) -> Iterator[str]:
 
 def iter_documents(files: list[Path], text_field: str) -> Iterator[str]:
     for f in files:
-        if f.suffix.lower() in TEXT_SUFFIXES:
-            yield from iter_text_file(f)
-        else:
+        if f.suffix.lower() in STRUCTURED_SUFFIXES:
             yield from iter_structured_file(f, text_field)
+        else:
+            yield from iter_text_file(f)

@@ -1,0 +1,128 @@
+"""The model: forward/backward, kernel equivalence, sparse head, Hugging Face round trip."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cramming.model import AUTO_MAP, CrammedConfig, CrammedForMaskedLM, CrammedForSequenceClassification
+from cramming.model.positions import POSITIONS
+
+TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16)
+
+
+def tiny(**overrides) -> CrammedConfig:
+    return CrammedConfig(**{**TINY, **overrides})
+
+
+def masked_batch(batch=3, seq=16, vocab=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (batch, seq), generator=g)
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    labels[:, 7] = ids[:, 7]
+    return ids, labels
+
+
+@pytest.mark.parametrize("position", sorted(POSITIONS))
+@pytest.mark.parametrize("layout", [dict(), dict(norm_position="post", final_norm=False, bias=True, ffn="mlp",
+                                                 head_transform=True, sparse_prediction=False, norm="rmsnorm")])
+def test_forward_backward(position, layout):
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny(position=position, **layout))
+    ids, labels = masked_batch()
+    out = model(ids, labels=labels)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert out.logits.shape[-1] == TINY["vocab_size"]
+
+
+def test_tied_embeddings_and_no_biases():
+    model = CrammedForMaskedLM(tiny())
+    assert model.decoder.weight is model.encoder.tokens.weight
+    assert not [n for n, _ in model.named_parameters() if n.endswith(".bias") and "norm" not in n]
+
+
+def test_glu_halves_the_second_projection():
+    model = CrammedForMaskedLM(tiny(ffn="glu"))
+    ffn = model.encoder.layers[0].ffn
+    assert ffn.up.weight.shape == (64, 32) and ffn.down.weight.shape == (32, 32)
+
+
+def test_sparse_head_gives_the_dense_loss():
+    torch.manual_seed(0)
+    sparse = CrammedForMaskedLM(tiny(sparse_prediction=True)).eval()
+    dense = CrammedForMaskedLM(tiny(sparse_prediction=False)).eval()
+    dense.load_state_dict(sparse.state_dict())
+    ids, labels = masked_batch()
+    out_sparse, out_dense = sparse(ids, labels=labels), dense(ids, labels=labels)
+    assert out_sparse.logits.shape == (6, 97)  # only the 2 masked positions of 3 rows
+    assert out_dense.logits.shape == (3, 16, 97)
+    torch.testing.assert_close(out_sparse.loss, out_dense.loss)
+
+
+def test_sdpa_and_eager_agree_with_padding():
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny(attention_impl="sdpa")).eval()
+    eager = CrammedForMaskedLM(tiny(attention_impl="eager")).eval()
+    eager.load_state_dict(model.state_dict())
+    ids, _ = masked_batch()
+    mask = torch.ones_like(ids)
+    mask[0, 10:] = 0
+    torch.testing.assert_close(model(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits)
+
+
+def test_padding_does_not_change_real_tokens():
+    """A padded row must give the same outputs on its real tokens as the unpadded row alone."""
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny(position="learned")).eval()
+    ids, _ = masked_batch(batch=1, seq=10)
+    padded = torch.cat([ids, torch.zeros(1, 6, dtype=ids.dtype)], dim=1)
+    mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], dim=1).long()
+    torch.testing.assert_close(model(ids).logits, model(padded, attention_mask=mask).logits[:, :10])
+
+
+def test_classifier_regression_and_classes():
+    ids, _ = masked_batch()
+    reg = CrammedForSequenceClassification(tiny(num_labels=1))
+    out = reg(ids, labels=torch.tensor([0.5, 1.0, 4.0]))
+    assert out.logits.shape == (3, 1) and torch.isfinite(out.loss)
+    cls = CrammedForSequenceClassification(tiny(num_labels=3))
+    out = cls(ids, labels=torch.tensor([0, 2, 1]))
+    assert out.logits.shape == (3, 3) and torch.isfinite(out.loss)
+
+
+def test_hf_round_trip_in_a_fresh_interpreter(tmp_path):
+    """Saved like pretrain.py saves it, the checkpoint loads with trust_remote_code=True where cramming was
+    never imported, and gives identical logits; the classifier head loads from the same folder."""
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny()).eval()
+    with torch.no_grad():
+        model.encoder.positions.scale.fill_(0.123)  # a trained value must survive the round trip
+    model.config.auto_map = dict(AUTO_MAP)
+    model.save_pretrained(tmp_path)
+    ids, _ = masked_batch()
+    torch.save({"ids": ids, "logits": model(ids).logits, "hidden": model.encoder(ids).last_hidden_state},
+               tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+        path = {str(tmp_path)!r}
+        expected = torch.load(path + "/expected.pt")
+        mlm = AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True).eval()
+        assert "cramming" not in sys.modules
+        assert mlm.decoder.weight.data_ptr() == mlm.encoder.tokens.weight.data_ptr(), "tie lost"
+        torch.testing.assert_close(mlm(expected["ids"]).logits, expected["logits"], rtol=0, atol=0)
+        enc = AutoModel.from_pretrained(path, trust_remote_code=True).eval()
+        torch.testing.assert_close(enc(expected["ids"]).last_hidden_state, expected["hidden"], rtol=0, atol=0)
+        clf = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=True, num_labels=2).eval()
+        torch.testing.assert_close(clf.encoder(expected["ids"]).last_hidden_state, expected["hidden"], rtol=0, atol=0)
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

@@ -1,0 +1,131 @@
+"""`python pretrain.py` end to end, as a user runs it: real text, multirun, and every bad-input path."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO, needs_shared, run_pretrain
+
+CPU_TINY = ["arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke"]
+
+
+def checkpoint_of(result) -> str:
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("checkpoint: "), result.stdout[-2000:] + result.stderr[-2000:]
+    return last.removeprefix("checkpoint: ")
+
+
+def test_real_text_one_minute_budget_learns(tmp_path):
+    """About a minute of training on real English lowers the validation loss below the untrained model's,
+    and the checkpoint loads in a fresh interpreter that never imports cramming."""
+    wikitext = needs_shared("wikitext-2/raw")
+    result = run_pretrain(*CPU_TINY, "name=real", f"data=local-text", f"data.path={wikitext}/wiki.valid.raw",
+                          "data.vocab_size=4096", "budget=0.015", run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = checkpoint_of(result)
+    summary = json.loads((tmp_path / "run" / "checkpoint" / "train_summary.json").read_text())
+    assert summary["val_loss"] < summary["untrained_val_loss"] - 0.5
+    assert set(summary["wall_seconds"]) == {"setup", "compile", "train", "eval"}
+    assert 50 <= summary["wall_seconds"]["train"] + summary["wall_seconds"]["compile"] <= 54 + 15
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) >= summary["steps"] and records[-1]["val_loss"] == summary["val_loss"]
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained({checkpoint!r})
+        model = AutoModelForMaskedLM.from_pretrained({checkpoint!r}, trust_remote_code=True).eval()
+        assert "cramming" not in sys.modules
+        batch = tok(["the [MASK] of the river", "a second sentence"], padding=True, return_tensors="pt")
+        logits = model(**batch).logits
+        assert logits.shape[:2] == batch["input_ids"].shape and torch.isfinite(logits).all()
+        print("loaded", type(model).__name__)
+    """)
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert "loaded CrammedForMaskedLM" in loaded.stdout
+
+
+def test_multirun_two_jobs(tmp_path, cache_dir):
+    result = subprocess.run(
+        [sys.executable, "pretrain.py", "-m", *CPU_TINY, "data=sanity", "train.max_steps=2", "name=sweep",
+         "arch.num_layers=1,2", f"hydra.sweep.dir={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(jobs) == 2
+    assert jobs[0].name.startswith("0_arch.num_layers=1,") and jobs[1].name.startswith("1_arch.num_layers=2,")
+    layers, caches = [], set()
+    for job in jobs:
+        summary = json.loads((job / "checkpoint" / "train_summary.json").read_text())
+        layers.append(summary["config"]["arch"]["num_layers"])
+        caches.add(summary["data"]["cache"])
+    assert layers == [1, 2] and len(caches) == 1
+    assert result.stdout.count("checkpoint: ") == 2
+
+
+def test_dryrun_touches_no_data(tmp_path):
+    result = run_pretrain("dryrun=true", "data=local-text", "data.path=/nonexistent/but/not/read", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "dryrun: config valid" in result.stdout
+
+
+def one_line_error(result, *fragments):
+    assert result.returncode == 2, (result.stdout[-1500:], result.stderr[-1500:])
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-1500:]
+    for fragment in fragments:
+        assert fragment in errors[0]
+    assert not (result.stdout.strip().splitlines() or [""])[-1].startswith("checkpoint:")
+
+
+def test_error_missing_path(tmp_path):
+    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={tmp_path}/nope.txt", run_dir=tmp_path / "r")
+    one_line_error(result, "no such file or folder", "nope.txt")
+
+
+def test_error_binary_and_non_utf8(tmp_path):
+    (tmp_path / "img.txt").write_bytes(b"\x89PNG\x00\x00\x00" * 50)
+    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={tmp_path}/img.txt", run_dir=tmp_path / "r")
+    one_line_error(result, "img.txt looks binary")
+    (tmp_path / "old.txt").write_bytes("na\u00efve r\u00e9sum\u00e9 ".encode("cp1252") * 100)
+    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={tmp_path}/old.txt", run_dir=tmp_path / "r2")
+    one_line_error(result, "old.txt is not valid UTF-8")
+
+
+def test_error_empty_after_filtering(tmp_path):
+    text = needs_shared("tinyshakespeare") / "input.txt"
+    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={text}", "data.vocab_size=512",
+                          "data.filter_threshold=0.0001", run_dir=tmp_path / "r")
+    one_line_error(result, "no training text left", "data.filter_threshold")
+
+
+def test_error_too_little_data(tmp_path):
+    (tmp_path / "tiny.txt").write_text("One short paragraph of text.\n\nAnother short one.\n")
+    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={tmp_path}/tiny.txt", "data.vocab_size=100",
+                          run_dir=tmp_path / "r")
+    one_line_error(result, "too little data")
+
+
+def test_error_hub_offline(tmp_path):
+    result = run_pretrain(*CPU_TINY, "data=wikitext-103", run_dir=tmp_path / "r")
+    one_line_error(result, "cannot be reached", "data=local-text")
+
+
+@pytest.mark.parametrize("override,fragment", [("+arch.colour=red", "arch.colour"),
+                                               ("arch.position=spiral", "arch.position='spiral'"),
+                                               ("train.batch_size=many", "train.batch_size")])
+def test_error_bad_config_before_any_work(tmp_path, override, fragment):
+    result = run_pretrain(*CPU_TINY, "data=local-text", "data.path=/does/not/matter", override, run_dir=tmp_path)
+    one_line_error(result, fragment)
+
+
+def test_unknown_group_option_lists_choices(tmp_path):
+    result = run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "crammed-bert-tiny" in result.stderr  # Hydra lists the available options
