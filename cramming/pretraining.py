@@ -51,6 +51,8 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     seed_everything(config.seed)
     runtime = impl_.resolve(config.impl)
+    # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
+    torch.set_flush_denormal(True)
 
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
         model = build_model(config.arch, config.data.vocab_size, dict(pad=0, cls=2, sep=3, mask=4), config.impl.attention)

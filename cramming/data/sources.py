@@ -1,5 +1,7 @@
 """Raw text sources by name (`data.source`). Each gives documents and a fingerprint for the cache key."""
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import random
@@ -19,8 +21,10 @@ class PythonDocs:
 
     def __init__(self, cfg, cache_dir: Path):
         self.cap = cfg.max_chars or 20_000_000
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        self.corpus = cache_dir / f"python-docs-py{version}-{self.cap}.jsonl"
+        # The text depends on the Python version and on which packages are installed: key the corpus by both.
+        installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+        env = hashlib.sha256(json.dumps([sys.version, installed]).encode()).hexdigest()[:12]
+        self.corpus = cache_dir / f"python-docs-{env}-{self.cap}.jsonl"
 
     def fingerprint(self):
         return ["python-docs", str(self.corpus)]
