@@ -124,12 +124,12 @@ def load_config(cfg: DictConfig) -> PretrainConfig:
     return config
 
 
-def _choice(key: str, value, choices) -> None:
+def check_choice(key: str, value, choices) -> None:
     if value not in choices:
         raise UserError(f"{key}={value!r} is not a valid option; choose one of: {', '.join(sorted(choices))}")
 
 
-def _check(ok: bool, key: str, value, requirement: str) -> None:
+def check(ok: bool, key: str, value, requirement: str) -> None:
     if not ok:
         raise UserError(f"{key}={value!r} is invalid: {requirement}")
 
@@ -145,65 +145,65 @@ def validate(c: PretrainConfig) -> None:
     from .train.schedule import SCHEDULES
 
     a, d, t, i = c.arch, c.data, c.train, c.impl
-    _check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
+    check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
     for key in ("num_layers", "hidden_size", "num_heads", "ffn_size", "max_seq_length"):
-        _check(getattr(a, key) > 0, f"arch.{key}", getattr(a, key), "must be > 0")
-    _check(a.hidden_size % a.num_heads == 0, "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
-    _choice("arch.ffn", a.ffn, FFNS)
-    _check(a.ffn != "glu" or a.ffn_size % 2 == 0, "arch.ffn_size", a.ffn_size, "must be even for a GLU")
-    _choice("arch.activation", a.activation, ACTIVATIONS)
-    _choice("arch.norm", a.norm, NORMS)
-    _choice("arch.norm_position", a.norm_position, ("pre", "post"))
-    _choice("arch.position", a.position, POSITIONS)
-    _choice("arch.objective", a.objective, ("mlm",))
+        check(getattr(a, key) > 0, f"arch.{key}", getattr(a, key), "must be > 0")
+    check(a.hidden_size % a.num_heads == 0, "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
+    check_choice("arch.ffn", a.ffn, FFNS)
+    check(a.ffn != "glu" or a.ffn_size % 2 == 0, "arch.ffn_size", a.ffn_size, "must be even for a GLU")
+    check_choice("arch.activation", a.activation, ACTIVATIONS)
+    check_choice("arch.norm", a.norm, NORMS)
+    check_choice("arch.norm_position", a.norm_position, ("pre", "post"))
+    check_choice("arch.position", a.position, POSITIONS)
+    check_choice("arch.objective", a.objective, ("mlm",))
     for key in ("hidden_dropout", "attention_dropout"):
-        _check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
+        check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
 
-    _choice("data.source", d.source, SOURCES)
-    _check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
-    _check(
+    check_choice("data.source", d.source, SOURCES)
+    check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
+    check(
         d.seq_length <= a.max_seq_length,
         "data.seq_length",
         d.seq_length,
         f"longer than arch.max_seq_length={a.max_seq_length}; raise arch.max_seq_length",
     )
-    _check(d.vocab_size >= 64, "data.vocab_size", d.vocab_size, "must be >= 64")
-    _check(0 < d.validation_fraction < 0.5, "data.validation_fraction", d.validation_fraction, "must be in (0, 0.5)")
+    check(d.vocab_size >= 64, "data.vocab_size", d.vocab_size, "must be >= 64")
+    check(0 < d.validation_fraction < 0.5, "data.validation_fraction", d.validation_fraction, "must be in (0, 0.5)")
     if d.filter_threshold is not None:
-        _check(d.filter_threshold > 0, "data.filter_threshold", d.filter_threshold, "must be > 0 or null")
-    _choice("data.ordering", d.ordering, ("random", "sentence-length"))
+        check(d.filter_threshold > 0, "data.filter_threshold", d.filter_threshold, "must be > 0 or null")
+    check_choice("data.ordering", d.ordering, ("random", "sentence-length"))
     if d.source == "local-text":
-        _check(bool(d.path), "data.path", d.path, "data=local-text needs data.path=<file, folder or glob>")
+        check(bool(d.path), "data.path", d.path, "data=local-text needs data.path=<file, folder or glob>")
     if d.source == "hub":
-        _check(bool(d.hub) and all(h.path for h in d.hub), "data.hub", d.hub, "name at least one hub dataset path")
+        check(bool(d.hub) and all(h.path for h in d.hub), "data.hub", d.hub, "name at least one hub dataset path")
     if d.tokenizer.kind in TOKENIZER_KINDS:
-        _check(d.tokenizer.train_max_chars > 0, "data.tokenizer.train_max_chars", d.tokenizer.train_max_chars, "must be > 0")
+        check(d.tokenizer.train_max_chars > 0, "data.tokenizer.train_max_chars", d.tokenizer.train_max_chars, "must be > 0")
 
-    _check(t.lr > 0, "train.lr", t.lr, "must be > 0")
-    _check(all(0 <= b < 1 for b in t.betas), "train.betas", t.betas, "each must be in [0, 1)")
-    _check(t.batch_size > 0, "train.batch_size", t.batch_size, "must be > 0")
-    _check(0 <= t.batch_ramp < 1, "train.batch_ramp", t.batch_ramp, "must be in [0, 1)")
-    _choice("train.schedule", t.schedule, SCHEDULES)
+    check(t.lr > 0, "train.lr", t.lr, "must be > 0")
+    check(all(0 <= b < 1 for b in t.betas), "train.betas", t.betas, "each must be in [0, 1)")
+    check(t.batch_size > 0, "train.batch_size", t.batch_size, "must be > 0")
+    check(0 <= t.batch_ramp < 1, "train.batch_ramp", t.batch_ramp, "must be in [0, 1)")
+    check_choice("train.schedule", t.schedule, SCHEDULES)
     if t.max_steps is not None:
-        _check(t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
-    _check(0 < t.mask_prob < 1, "train.mask_prob", t.mask_prob, "must be in (0, 1)")
-    _check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
-    _check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
-    _check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
+        check(t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
+    check(0 < t.mask_prob < 1, "train.mask_prob", t.mask_prob, "must be in (0, 1)")
+    check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
+    check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
+    check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
     if t.grad_clip is not None:
-        _check(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0 or null")
+        check(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0 or null")
 
-    _choice("impl.device", i.device, ("auto", "cuda", "cpu"))
-    _choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
-    _choice("impl.attention", i.attention, ATTENTION_KERNELS)
-    _check(i.microbatch_size > 0, "impl.microbatch_size", i.microbatch_size, "must be > 0")
-    _check(
+    check_choice("impl.device", i.device, ("auto", "cuda", "cpu"))
+    check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
+    check_choice("impl.attention", i.attention, ATTENTION_KERNELS)
+    check(i.microbatch_size > 0, "impl.microbatch_size", i.microbatch_size, "must be > 0")
+    check(
         t.batch_size % microbatch_size(c) == 0,
         "train.batch_size",
         t.batch_size,
         f"must be a multiple of impl.microbatch_size={i.microbatch_size}",
     )
-    _check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
+    check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
 
 
 def microbatch_size(c: PretrainConfig) -> int:

@@ -3,6 +3,7 @@
 import json
 import random
 import time
+from datetime import datetime, timezone
 from dataclasses import asdict
 from pathlib import Path
 
@@ -112,6 +113,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
             "eval": round(eval_seconds, 3),
         },
         "budget_hours": config.budget,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
         "device": str(runtime.device),
         "precision": runtime.precision,
         "data": {"cache": str(folder), **{k: meta[k] for k in ("train_sequences", "val_sequences", "train_tokens",

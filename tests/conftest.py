@@ -38,3 +38,31 @@ def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 30
         args.append(f"hydra.run.dir={run_dir}")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def last_line_path(result, prefix: str) -> Path:
+    lines = result.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith(prefix), result.stdout[-2000:] + result.stderr[-3000:]
+    return Path(lines[-1].removeprefix(prefix))
+
+
+@pytest.fixture(scope="session")
+def real_pretrain_run(tmp_path_factory):
+    """One ~minute pretraining run on real English (WikiText-2), shared by the pretraining and eval tests."""
+    wikitext = needs_shared("wikitext-2/raw")
+    run_dir = tmp_path_factory.mktemp("runs") / "real" / "2026-01-01_00-00-00"
+    result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "name=real", "data=local-text",
+                          f"data.path={wikitext}/wiki.valid.raw", "data.vocab_size=4096", "budget=0.015",
+                          f"data.cache_dir={tmp_path_factory.mktemp('real-cache')}", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+@pytest.fixture(scope="session")
+def smoke_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint from two steps on the sanity source: fast, and needs no shared data."""
+    run_dir = tmp_path_factory.mktemp("smoke-run")
+    result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
+                          "train.max_steps=2", "name=smoke", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_line_path(result, "checkpoint: ")

@@ -18,25 +18,22 @@ def checkpoint_of(result) -> str:
     return last.removeprefix("checkpoint: ")
 
 
-def test_real_text_one_minute_budget_learns(tmp_path):
+def test_real_text_one_minute_budget_learns(real_pretrain_run, tmp_path):
     """About a minute of training on real English lowers the validation loss below the untrained model's,
     and the checkpoint loads in a fresh interpreter that never imports cramming."""
-    wikitext = needs_shared("wikitext-2/raw")
-    result = run_pretrain(*CPU_TINY, "name=real", f"data=local-text", f"data.path={wikitext}/wiki.valid.raw",
-                          "data.vocab_size=4096", "budget=0.015", run_dir=tmp_path / "run")
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir, result = real_pretrain_run
     checkpoint = checkpoint_of(result)
-    summary = json.loads((tmp_path / "run" / "checkpoint" / "train_summary.json").read_text())
+    summary = json.loads((run_dir / "checkpoint" / "train_summary.json").read_text())
     assert summary["val_loss"] < summary["untrained_val_loss"] - 0.5
     assert set(summary["wall_seconds"]) == {"setup", "compile", "train", "eval"}
     assert 50 <= summary["wall_seconds"]["train"] + summary["wall_seconds"]["compile"] <= 54 + 15
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) >= summary["steps"] and records[-1]["val_loss"] == summary["val_loss"]
     script = textwrap.dedent(f"""
         import sys, torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer
-        tok = AutoTokenizer.from_pretrained({checkpoint!r})
+        tok = AutoTokenizer.from_pretrained({checkpoint!r}, trust_remote_code=True)
         model = AutoModelForMaskedLM.from_pretrained({checkpoint!r}, trust_remote_code=True).eval()
         assert "cramming" not in sys.modules
         batch = tok(["the [MASK] of the river", "a second sentence"], padding=True, return_tensors="pt")

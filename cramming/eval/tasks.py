@@ -108,10 +108,14 @@ def load_task(name: str, data_dir: str | None) -> TaskData:
 
 def read_task_file(name: str, path: str | Path) -> list[Example]:
     """The labelled examples of one TSV of a task (e.g. a dev file whose train file is absent)."""
+    try:
+        spec = GLUE_TASKS.get_or_explain(name)
+    except ValueError as err:
+        raise UserError(str(err)) from None
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{name}: missing {path}")
-    return _read_tsv(GLUE_TASKS.get_or_explain(name), path)[0]
+    return _read_tsv(spec, path)[0]
 
 
 def _load_local(spec: TaskSpec, data_dir: Path):
@@ -162,13 +166,17 @@ def _read_tsv(spec: TaskSpec, path: Path) -> tuple[list[Example], int]:
     label_idx = header.index(spec.label_column)
     examples, skipped = [], 0
     for number, fields in rows:
-        texts = [fields[i].strip() for i in text_idx] if len(fields) == len(header) else []
-        if len(fields) != len(header) or not all(texts):
-            if spec.skip_malformed:
-                skipped += 1
-                continue
-            problem = (f"{len(fields)} fields, expected {len(header)}" if len(fields) != len(header)
-                       else f"empty text in column {spec.text_columns[texts.index('')]!r}")
+        problem, texts = None, []
+        if len(fields) != len(header):
+            problem = f"{len(fields)} fields, expected {len(header)}"
+        else:
+            texts = [fields[i].strip() for i in text_idx]
+            if not all(texts):
+                problem = f"empty text in column {spec.text_columns[texts.index('')]!r}"
+        if problem and spec.skip_malformed:
+            skipped += 1
+            continue
+        if problem:
             raise UserError(f"{path} line {number}: malformed row ({problem})")
         label = _parse_label(spec, fields[label_idx].strip(), path, number)
         examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, label))
@@ -200,7 +208,7 @@ def _load_hub(spec: TaskSpec):
         from datasets import load_dataset
 
         splits = load_dataset(HUB_DATASET, spec.name)
-    except Exception as err:  # connection errors, offline mode without a cache, hub errors
+    except Exception as err:  # noqa: BLE001 -- connection errors, offline mode without a cache, hub errors
         reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
         raise UserError(f"{spec.name}: the hub dataset {HUB_DATASET!r} is unreachable ({reason}); "
                         f"offline, pass eval.data_dir=<glue_data folder>") from None

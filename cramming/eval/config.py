@@ -1,0 +1,112 @@
+"""Typed schema of `python eval.py` (conf/eval.yaml), checked before any fine-tuning starts."""
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..config import ImplConfig, check, check_choice
+from ..errors import UserError
+
+
+@dataclass
+class Recipe:
+    """Cramming's GLUE fine-tuning recipe; every key can be changed per task under `eval.per_task`."""
+
+    lr: float = 4e-5
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    weight_decay: float = 0.0
+    schedule: str = "cosine"  # cosine | linear | constant (after the warm-up)
+    warmup_fraction: float = 0.1
+    epochs: int = 5
+    batch_size: int = 16
+    max_length: int = 128
+    dropout: float = 0.1
+    grad_clip: float | None = None
+
+
+@dataclass
+class EvalConfig:
+    kind: str = "glue"  # glue | custom
+    tasks: list[str] = field(default_factory=lambda: ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte"])
+    data_dir: str | None = None  # a glue_data/ folder; null = the hub (nyu-mll/glue)
+    seeds: int = 1  # fine-tuning runs per task; the median is reported
+    baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
+    max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
+    include_wnli: bool = False  # count WNLI in the GLUE average
+    results_table: str = "outputs/eval/results.csv"
+    recipe: Recipe = field(default_factory=Recipe)
+    per_task: dict[str, dict] = field(default_factory=dict)  # e.g. {rte: {epochs: 10}}
+    # eval=custom
+    train_file: str | None = None
+    dev_file: str | None = None
+    text_fields: list[str] = field(default_factory=list)
+    label_field: str = "label"
+    task_type: str | None = None  # classification | regression | null = inferred
+
+
+@dataclass
+class EvalRunConfig:
+    checkpoint: str | None = None
+    name: str | None = None  # find the newest complete checkpoint of this pretraining run instead
+    runs_dir: str = "outputs"  # where pretrain.py wrote its runs
+    seed: int = 0
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    impl: ImplConfig = field(default_factory=ImplConfig)
+
+
+def load_eval_config(cfg: DictConfig) -> EvalRunConfig:
+    try:
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalRunConfig), cfg))
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        raise UserError(f"config {key}: {str(err).splitlines()[0]}") from None
+    validate_eval(config)
+    return config
+
+
+def recipe_for(config: EvalConfig, task: str) -> Recipe:
+    """The recipe with this task's overrides applied (and checked like the rest)."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(config.recipe), config.per_task.get(task, {}))
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise UserError(f"config eval.per_task.{task}.{getattr(err, 'key', '')}: {str(err).splitlines()[0]}") from None
+
+
+def validate_eval(c: EvalRunConfig) -> None:
+    from .tasks import GLUE_TASKS
+
+    e = c.eval
+    check(bool(c.checkpoint) != bool(c.name), "checkpoint", c.checkpoint,
+           "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
+    check_choice("eval.kind", e.kind, ("glue", "custom"))
+    check(e.seeds > 0, "eval.seeds", e.seeds, "must be >= 1")
+    if e.baseline is not None:
+        check_choice("eval.baseline", e.baseline, ("random-init",))
+    if e.max_train_examples is not None:
+        check(e.max_train_examples > 0, "eval.max_train_examples", e.max_train_examples, "must be > 0 or null")
+    if e.kind == "glue":
+        check(bool(e.tasks), "eval.tasks", e.tasks, "name at least one task")
+        for task in e.tasks:
+            check_choice("eval.tasks", task, GLUE_TASKS)
+        check(len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks, "a task is listed twice")
+    else:
+        check(bool(e.train_file and e.dev_file), "eval.train_file", e.train_file,
+               "eval=custom needs eval.train_file and eval.dev_file")
+        check(1 <= len(e.text_fields) <= 2, "eval.text_fields", e.text_fields, "give one or two text fields")
+        if e.task_type is not None:
+            check_choice("eval.task_type", e.task_type, ("classification", "regression"))
+    for task in set(e.per_task) | {"*"}:
+        if task != "*" and e.kind == "glue":
+            check(task in e.tasks, f"eval.per_task.{task}", e.per_task[task], f"{task} is not in eval.tasks")
+        r = recipe_for(e, task)
+        key = "eval.recipe" if task == "*" else f"eval.per_task.{task}"
+        check(r.lr > 0, f"{key}.lr", r.lr, "must be > 0")
+        check(r.epochs > 0, f"{key}.epochs", r.epochs, "must be >= 1")
+        check(r.batch_size > 0, f"{key}.batch_size", r.batch_size, "must be >= 1")
+        check(r.max_length >= 8, f"{key}.max_length", r.max_length, "must be >= 8")
+        check(0 <= r.warmup_fraction < 1, f"{key}.warmup_fraction", r.warmup_fraction, "must be in [0, 1)")
+        check(0 <= r.dropout < 1, f"{key}.dropout", r.dropout, "must be in [0, 1)")
+        check_choice(f"{key}.schedule", r.schedule, ("cosine", "linear", "constant"))

@@ -1,0 +1,113 @@
+"""Fine-tune one model on one task with one seed, and score it on the dev split(s) after every epoch.
+
+Batches are bucketed by length and padded only to the longest row of the batch, so short GLUE sentences
+do not pay for 128 positions; dev passes run under inference_mode.
+"""
+
+import math
+import random
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForSequenceClassification, get_scheduler
+
+from .metrics import compute_metrics
+from .tasks import TaskData
+
+
+def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
+    firsts = [e.text_a for e in examples]
+    seconds = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
+    return tokenizer(firsts, seconds, truncation=True, max_length=max_length)["input_ids"]
+
+
+def length_buckets(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffle, sort within windows of 50 batches by length, cut into batches, shuffle the batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = batch_size * 50
+    batches = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(ids: list[list[int]], pad_id: int, device) -> dict:
+    width = max(len(row) for row in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
+
+
+def build_classifier(checkpoint: str, task: TaskData, dropout: float, random_init: bool):
+    num_labels = 1 if task.label_names is None else len(task.label_names)
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True, num_labels=num_labels)
+    if task.label_names is None:
+        config.problem_type = "regression"
+    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on (Cramming's recipe)
+        config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
+    if random_init:
+        return AutoModelForSequenceClassification.from_config(config, trust_remote_code=True)
+    return AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+
+
+@torch.inference_mode()
+def predict(model, ids, pad_id, batch_size, device, autocast, regression: bool) -> np.ndarray:
+    model.eval()
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = np.empty(len(ids), dtype=np.float64 if regression else np.int64)
+    for start in range(0, len(order), batch_size * 4):
+        chunk = order[start:start + batch_size * 4]
+        with autocast():
+            logits = model(**collate([ids[i] for i in chunk], pad_id, device)).logits.float()
+        out[chunk] = (logits[:, 0] if regression else logits.argmax(-1)).cpu().numpy()
+    return out
+
+
+def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runtime, random_init: bool,
+             label: str) -> dict:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    regression = task.label_names is None
+    train_ids = encode(tokenizer, task.train, recipe.max_length)
+    train_labels = torch.tensor([e.label for e in task.train], dtype=torch.float32 if regression else torch.long)
+    dev = {split: (encode(tokenizer, rows, recipe.max_length), [e.label for e in rows])
+           for split, rows in task.dev.items()}
+
+    model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=tuple(recipe.betas), eps=recipe.eps,
+                                  weight_decay=recipe.weight_decay)
+    steps_per_epoch = math.ceil(len(train_ids) / recipe.batch_size)
+    total = steps_per_epoch * recipe.epochs
+    name = "cosine" if recipe.schedule == "cosine" else "linear" if recipe.schedule == "linear" else "constant_with_warmup"
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(recipe.warmup_fraction * total),
+                              num_training_steps=total)
+    autocast, pad_id = runtime.autocast(), tokenizer.pad_token_id
+    curve = []
+    for epoch in range(1, recipe.epochs + 1):
+        model.train()
+        losses = []
+        for batch in tqdm(length_buckets([len(r) for r in train_ids], recipe.batch_size, rng), leave=False,
+                          desc=f"{label} epoch {epoch}/{recipe.epochs}", mininterval=2):
+            inputs = collate([train_ids[i] for i in batch], pad_id, runtime.device)
+            with autocast():
+                loss = model(**inputs, labels=train_labels[batch].to(runtime.device)).loss
+            loss.backward()
+            if recipe.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        scores = {split: compute_metrics(task.metric_names,
+                                         predict(model, ids, pad_id, recipe.batch_size, runtime.device, autocast,
+                                                 regression), labels)
+                  for split, (ids, labels) in dev.items()}
+        curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "dev": scores})
+    return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}

@@ -1,0 +1,62 @@
+"""Summaries of an evaluation: seed statistics, the GLUE table in the paper's column order, the CSV log."""
+
+import csv
+import statistics
+from pathlib import Path
+
+from .metrics import glue_average
+
+# The GLUE paper's column order; each column is a key of glue_average's task scores.
+COLUMNS = [("MNLI-m", "mnli-m"), ("MNLI-mm", "mnli-mm"), ("QQP", "qqp"), ("QNLI", "qnli"), ("SST-2", "sst2"),
+           ("CoLA", "cola"), ("STS-B", "stsb"), ("MRPC", "mrpc"), ("RTE", "rte"), ("WNLI", "wnli")]
+
+
+def score_key(task: str, split: str) -> str:
+    """The GLUE column a task's dev split feeds: MNLI's two dev sets are two columns."""
+    if task == "mnli":
+        return {"matched": "mnli-m", "mismatched": "mnli-mm"}[split]
+    return task
+
+
+def seed_statistics(values: list[float]) -> dict:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": values,
+    }
+
+
+def markdown_table(rows: dict[str, dict[str, float]]) -> str:
+    """rows: label -> {score key: median main metric}; columns appear only if some row has them."""
+    present = [(title, key) for title, key in COLUMNS if any(key in scores for scores in rows.values())]
+    extra = {k for scores in rows.values() for k in scores} - {k for _, k in COLUMNS} - {"average"}
+    present += [(k, k) for k in sorted(extra)]  # custom tasks
+    header = "| model | " + " | ".join(t for t, _ in present) + " | avg |"
+    lines = [header, "|" + "---|" * (len(present) + 2)]
+    for label, scores in rows.items():
+        cells = [f"{scores[k]:.1f}" if k in scores else "–" for _, k in present]
+        avg = scores.get("average")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {'–' if avg is None else f'{avg:.1f}'} |")
+    return "\n".join(lines)
+
+
+def glue_summary(scores: dict[str, float], include_wnli: bool) -> dict:
+    glue_keys = {k for _, k in COLUMNS}
+    return glue_average({k: v for k, v in scores.items() if k in glue_keys}, include_wnli=include_wnli)
+
+
+def append_csv(path: Path, row: dict) -> None:
+    """One row per evaluation; columns grow as new tasks appear (the file is rewritten then)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    if path.exists():
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    rows.append({k: ("" if v is None else v) for k, v in row.items()})
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields, restval="")
+        writer.writeheader()
+        writer.writerows(rows)

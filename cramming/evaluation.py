@@ -1,0 +1,141 @@
+"""The evaluation recipe, top to bottom: checkpoint -> tasks (all loaded and checked first) -> fine-tune
+every task with every seed (and the random-init baseline) -> results.json, the CSV log, a printed table."""
+
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import transformers
+from transformers import AutoConfig, AutoTokenizer
+
+from . import impl as impl_
+from .errors import UserError
+from .eval.config import EvalRunConfig, recipe_for
+from .eval.custom import load_custom_task
+from .eval.finetune import finetune
+from .eval.report import append_csv, glue_summary, markdown_table, score_key, seed_statistics
+from .eval.tasks import load_task
+from .train.checkpoint import SUMMARY, is_complete
+
+
+def find_checkpoint(config: EvalRunConfig) -> Path:
+    """checkpoint=<folder> as given, or the newest complete checkpoint of run `name` (by finish time)."""
+    if config.checkpoint:
+        path = Path(config.checkpoint).expanduser()
+        if not path.is_dir():
+            raise UserError(f"checkpoint={config.checkpoint!r}: no such folder")
+        return path.resolve()
+    runs = Path(config.runs_dir).expanduser()
+    candidates = [p for p in list(runs.glob(f"{config.name}/*/checkpoint")) + list(runs.glob(f"{config.name}/*/*/checkpoint"))
+                  if is_complete(p)]
+    if not candidates:
+        raise UserError(f"name={config.name!r}: no complete checkpoint under {runs}/{config.name}/ "
+                        "(a run still training or stopped early has none); pass checkpoint=<folder>")
+    return max(candidates, key=lambda p: json.loads((p / SUMMARY).read_text()).get("finished_at", "")).resolve()
+
+
+def check_checkpoint(path: Path):
+    """A usable checkpoint has weights, a config and a tokenizer that fits the model's embedding table."""
+    if not (path / "config.json").is_file():
+        raise UserError(f"checkpoint {path} has no config.json: not a model folder")
+    if not any((path / f).is_file() for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")):
+        raise UserError(f"checkpoint {path} has no weights (model.safetensors): incomplete or still being written")
+    try:
+        model_config = AutoConfig.from_pretrained(path, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    except (OSError, ValueError) as err:
+        raise UserError(f"checkpoint {path} could not be loaded: {str(err).splitlines()[0]}") from None
+    if len(tokenizer) > model_config.vocab_size:
+        raise UserError(f"checkpoint {path}: the tokenizer has {len(tokenizer)} tokens but the model only "
+                        f"{model_config.vocab_size} embeddings; the tokenizer does not belong to this model")
+    if tokenizer.pad_token_id is None:
+        raise UserError(f"checkpoint {path}: the tokenizer has no padding token")
+    return tokenizer, model_config
+
+
+def load_tasks(config: EvalRunConfig) -> list:
+    e = config.eval
+    if e.kind == "custom":
+        tasks = [load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type)]
+    else:
+        tasks = [load_task(name, e.data_dir) for name in e.tasks]
+    if e.max_train_examples:
+        for task in tasks:  # the same subset for every seed, so seeds differ only in fine-tuning
+            if len(task.train) > e.max_train_examples:
+                task.train = random.Random(0).sample(task.train, e.max_train_examples)
+    return tasks
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
+    started = time.time()
+    run_dir = Path(run_dir)
+    checkpoint = find_checkpoint(config)
+    tokenizer, model_config = check_checkpoint(checkpoint)
+    tasks = load_tasks(config)  # every task's files read and checked before any training
+    runtime = impl_.resolve(config.impl)
+    # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
+    transformers.logging.set_verbosity_error()
+    models = {"pretrained": False} | ({"random-init": True} if config.eval.baseline == "random-init" else {})
+    comparable = config.eval.max_train_examples is None
+    print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
+          f"on {runtime.device}" + ("" if comparable else " — max_train_examples set: NOT COMPARABLE to GLUE"),
+          flush=True)
+
+    results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "models": {}}
+    table_rows = {}
+    for label, random_init in models.items():
+        per_task, scores = {}, {}
+        for task in tasks:
+            recipe = recipe_for(config.eval, task.name)
+            runs = [finetune(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
+                             f"{label} {task.name} seed {config.seed + i}") for i in range(config.eval.seeds)]
+            summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs])
+                       for split in task.dev}
+            per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
+                                   "train_examples": len(task.train), "source": task.source,
+                                   "recipe": asdict(recipe), "summary": summary, "runs": runs}
+            for split, stats in summary.items():
+                scores[score_key(task.name, split)] = stats["median"]
+                print(f"{label} {task.name}/{split}: {task.main_metric} {stats['median']:.2f} "
+                      f"(min {stats['min']:.2f}, max {stats['max']:.2f})", flush=True)
+        glue = glue_summary(scores, config.eval.include_wnli) if config.eval.kind == "glue" else None
+        results["models"][label] = {"tasks": per_task, "scores": scores, "glue": glue}
+        table_rows[label] = {**scores, **({"average": glue["average"]} if glue else {})}
+
+    results.update({
+        "complete": True,
+        "comparable": comparable,
+        "checkpoint_sha256": file_sha256(checkpoint / "model.safetensors") if (checkpoint / "model.safetensors").exists() else None,
+        "settings": asdict(config),
+        "device": str(runtime.device),
+        "seconds": round(time.time() - started, 1),
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+    })
+    path = run_dir / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    os.replace(tmp, path)  # a results.json is only ever a complete one
+    for label, row in table_rows.items():
+        append_csv(Path(config.eval.results_table), {
+            "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
+            "comparable": comparable, "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()},
+            "results": str(path.resolve())})
+    print()
+    print(markdown_table(table_rows))
+    if not comparable:
+        print(f"(eval.max_train_examples={config.eval.max_train_examples}: not comparable to published GLUE scores)")
+    print(f"results: {path.resolve()}", flush=True)
+    return path.resolve()
