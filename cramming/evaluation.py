@@ -58,17 +58,28 @@ def check_checkpoint(path: Path):
     return tokenizer, model_config
 
 
-def load_tasks(config: EvalRunConfig) -> list:
+def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
+    """Every task's data, read and checked. With eval.skip_missing, a task whose data cannot be had is
+    skipped and its reason kept (for smoke runs on partial glue_data folders); otherwise it is an error."""
     e = config.eval
+    tasks, skipped = [], {}
     if e.kind == "custom":
-        tasks = [load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type)]
-    else:
-        tasks = [load_task(name, e.data_dir) for name in e.tasks]
+        tasks.append(load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type))
+    for name in e.tasks if e.kind == "glue" else []:
+        try:
+            tasks.append(load_task(name, e.data_dir))
+        except UserError as err:
+            if not e.skip_missing:
+                raise
+            skipped[name] = str(err)
+            print(f"skipping {name}: {err}", flush=True)
+    if not tasks:
+        raise UserError("no task could be loaded: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     if e.max_train_examples:
         for task in tasks:  # the same subset for every seed, so seeds differ only in fine-tuning
             if len(task.train) > e.max_train_examples:
                 task.train = random.Random(0).sample(task.train, e.max_train_examples)
-    return tasks
+    return tasks, skipped
 
 
 def file_sha256(path: Path) -> str:
@@ -84,7 +95,7 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     checkpoint = find_checkpoint(config)
     tokenizer, model_config = check_checkpoint(checkpoint)
-    tasks = load_tasks(config)  # every task's files read and checked before any training
+    tasks, skipped = load_tasks(config)  # every task's files read and checked before any training
     runtime = impl_.resolve(config.impl)
     # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
     transformers.logging.set_verbosity_error()
@@ -94,7 +105,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
           f"on {runtime.device}" + ("" if comparable else " — max_train_examples set: NOT COMPARABLE to GLUE"),
           flush=True)
 
-    results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "models": {}}
+    results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
+               "models": {}}
     table_rows = {}
     for label, random_init in models.items():
         per_task, scores = {}, {}
@@ -135,6 +147,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
             "results": str(path.resolve())})
     print()
     print(markdown_table(table_rows))
+    for name, reason in skipped.items():
+        print(f"(skipped {name}: {reason})")
     if not comparable:
         print(f"(eval.max_train_examples={config.eval.max_train_examples}: not comparable to published GLUE scores)")
     print(f"results: {path.resolve()}", flush=True)

@@ -35,6 +35,7 @@ class EvalConfig:
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
     include_wnli: bool = False  # count WNLI in the GLUE average
+    skip_missing: bool = False  # skip (and report) tasks whose data cannot be loaded instead of stopping
     results_table: str = "outputs/eval/results.csv"
     recipe: Recipe = field(default_factory=Recipe)
     per_task: dict[str, dict] = field(default_factory=dict)  # e.g. {rte: {epochs: 10}}
