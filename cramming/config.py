@@ -3,6 +3,7 @@ these dataclasses (unknown keys, wrong types) and then `validate` checks choices
 stops the run with one line before any data is read or any budget is spent.
 """
 
+import importlib.util
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
@@ -190,6 +191,9 @@ def validate(c: PretrainConfig) -> None:
     check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
     check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
     check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
+    if t.tensorboard:
+        check(importlib.util.find_spec("tensorboard") is not None, "train.tensorboard", t.tensorboard,
+              "needs the tensorboard package: pip install 'cramming[tensorboard]'")
     if t.grad_clip is not None:
         check(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0 or null")
 

@@ -93,6 +93,7 @@ def file_sha256(path: Path) -> str:
 def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     started = time.time()
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = find_checkpoint(config)
     tokenizer, model_config = check_checkpoint(checkpoint)
     tasks, skipped = load_tasks(config)  # every task's files read and checked before any training

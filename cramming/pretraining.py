@@ -50,6 +50,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     """Run the whole recipe; returns train_summary (also written into the checkpoint)."""
     setup_start = time.time()
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.seed)
     runtime = impl_.resolve(config.impl)
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.

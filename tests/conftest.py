@@ -66,3 +66,13 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
                           "train.max_steps=2", "name=smoke", run_dir=run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return last_line_path(result, "checkpoint: ")
+
+
+def one_line_error(result, *fragments):
+    """The bad-input contract: exit code 2, no traceback, exactly one `error:` line holding each fragment."""
+    assert result.returncode == 2, (result.stdout[-1500:], result.stderr[-1500:])
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-1500:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]

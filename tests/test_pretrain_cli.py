@@ -7,22 +7,16 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, needs_shared, run_pretrain
+from conftest import REPO, last_line_path, one_line_error, needs_shared, run_pretrain
 
 CPU_TINY = ["arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke"]
-
-
-def checkpoint_of(result) -> str:
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("checkpoint: "), result.stdout[-2000:] + result.stderr[-2000:]
-    return last.removeprefix("checkpoint: ")
 
 
 def test_real_text_one_minute_budget_learns(real_pretrain_run, tmp_path):
     """About a minute of training on real English lowers the validation loss below the untrained model's,
     and the checkpoint loads in a fresh interpreter that never imports cramming."""
     run_dir, result = real_pretrain_run
-    checkpoint = checkpoint_of(result)
+    checkpoint = str(last_line_path(result, "checkpoint: "))
     summary = json.loads((run_dir / "checkpoint" / "train_summary.json").read_text())
     assert summary["val_loss"] < summary["untrained_val_loss"] - 0.5
     assert set(summary["wall_seconds"]) == {"setup", "compile", "train", "eval"}
@@ -69,16 +63,6 @@ def test_dryrun_touches_no_data(tmp_path):
     result = run_pretrain("dryrun=true", "data=local-text", "data.path=/nonexistent/but/not/read", run_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "dryrun: config valid" in result.stdout
-
-
-def one_line_error(result, *fragments):
-    assert result.returncode == 2, (result.stdout[-1500:], result.stderr[-1500:])
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-1500:]
-    for fragment in fragments:
-        assert fragment in errors[0]
-    assert not (result.stdout.strip().splitlines() or [""])[-1].startswith("checkpoint:")
 
 
 def test_error_missing_path(tmp_path):

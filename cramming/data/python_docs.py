@@ -24,6 +24,8 @@ import time
 import warnings
 from collections.abc import Iterator
 
+from tqdm import tqdm
+
 MIN_CHARS = 80  # shorter paragraphs are mostly signatures, headings and fragments
 MAX_FILE_BYTES = 2_000_000  # giant files are generated tables and data, not prose
 MAX_WORKERS = 8
@@ -229,10 +231,12 @@ def build_corpus(path: str | os.PathLike, max_chars: int) -> dict:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f, \
+                tqdm(desc="python-docs corpus", unit=" char", unit_scale=True, mininterval=2) as bar:
             for document in _capped(max_chars, None, None, stats):
                 f.write(json.dumps({"text": document}, ensure_ascii=False) + "\n")
                 documents, characters = documents + 1, characters + len(document)
+                bar.update(len(document))
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is meant to be shared like any other file

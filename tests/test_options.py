@@ -1,0 +1,76 @@
+"""The remaining documented options, each exercised: precision, workers, logging, tensorboard, normaliser flags,
+tokenizer from a Hugging Face folder, position/attention choices through the whole recipe."""
+
+import json
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from cramming.config import load_config
+from cramming.data.tokenizer import train_tokenizer
+from cramming.errors import UserError
+from cramming.pretraining import pretrain
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def config_for(*overrides):
+    base = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
+            "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.batch_size=16", "train.max_steps=3",
+            "train.validation_sequences=16", "data=sanity", "data.vocab_size=256", "data.seq_length=32",
+            "data.max_chars=60000", "data.validation_fraction=0.1"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return load_config(compose(config_name="pretrain", overrides=base + list(overrides)))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["impl.precision=bf16"],
+    ["impl.precision=fp16"],
+    ["impl.num_workers=1"],
+    ["train.log_every=2", "train.schedule=budget-cosine"],
+    ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
+    ["data.ordering=sentence-length", "data.tokenizer.kind=bpe"],
+    ["arch=bert-base", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
+])
+def test_recipe_runs_with(overrides, tmp_path):
+    summary = pretrain(config_for(*overrides), tmp_path)
+    assert summary["steps"] == 3
+    assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged_steps = [r["step"] for r in records if "loss" in r]
+    expected = [2] if "train.log_every=2" in overrides else [1, 2, 3]
+    assert logged_steps == expected
+    assert all(r["loss"] == r["loss"] for r in records if "loss" in r)  # finite, not NaN
+
+
+def test_tensorboard_option(tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(UserError, match=r"cramming\[tensorboard\]"):
+            config_for("train.tensorboard=true")
+        return
+    pretrain(config_for("train.tensorboard=true"), tmp_path)
+    assert any((tmp_path / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (dict(lowercase=True, strip_accents=True, ascii_only=True), "cafe naive"),
+    (dict(lowercase=False, strip_accents=True, ascii_only=True), "Cafe Naive"),
+    (dict(lowercase=True, strip_accents=False, ascii_only=False), unicodedata.normalize("NFD", "café naïve ☕")),
+])
+def test_normaliser_flags(flags, expected):
+    tok = train_tokenizer(["Café naïve ☕ words and more words"] * 10, "wordpiece", 100, 32, **flags)
+    assert tok.backend_tokenizer.normalizer.normalize_str("Café Naïve ☕").strip() == expected
+
+
+def test_tokenizer_from_a_hugging_face_folder(tmp_path):
+    tok = train_tokenizer(["some words to learn from, and a few more."] * 10, "wordpiece", 80, 32)
+    tok.save_pretrained(tmp_path / "tok")
+    config = config_for(f"data.tokenizer.kind={tmp_path / 'tok'}")
+    summary = pretrain(config, tmp_path / "run")
+    assert summary["data"]["vocab_size"] == len(tok)
+    with pytest.raises(UserError, match="could not be loaded as a Hugging Face tokenizer"):
+        pretrain(config_for(f"data.tokenizer.kind={tmp_path / 'missing'}"), tmp_path / "run2")
