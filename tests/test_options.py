@@ -74,3 +74,10 @@ def test_tokenizer_from_a_hugging_face_folder(tmp_path):
     assert summary["data"]["vocab_size"] == len(tok)
     with pytest.raises(UserError, match="could not be loaded as a Hugging Face tokenizer"):
         pretrain(config_for(f"data.tokenizer.kind={tmp_path / 'missing'}"), tmp_path / "run2")
+
+
+def test_compile_on_cpu(tmp_path):
+    """impl.compile=true: torch.compile's work lands in the first step, reported as compile time."""
+    summary = pretrain(config_for("impl.compile=true"), tmp_path)
+    assert summary["steps"] == 3
+    assert summary["wall_seconds"]["compile"] > summary["wall_seconds"]["train"]
