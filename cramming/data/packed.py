@@ -23,7 +23,7 @@ class PackedTokens:
     def rows(self, indices) -> np.ndarray:
         return np.stack([self[int(i)] for i in indices])
 
-    def count_per_sequence(self, token_id: int, block: int = 1 << 16) -> np.ndarray:
+    def count_per_sequence(self, token_id: int, block: int = 1 << 13) -> np.ndarray:
         """How often `token_id` occurs in each sequence (for the sentence-length curriculum), in blocks."""
         counts = np.empty(len(self), dtype=np.int32)
         for start in range(0, len(self), block):

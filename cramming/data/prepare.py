@@ -1,7 +1,7 @@
 """Turn a text source into a cached, packed token stream: the one place data is prepared.
 
-Two streaming passes over the source (memory does not grow with the corpus, only the set of 16-byte
-document hashes used for deduplication does): pass 1 trains the tokenizer on a capped sample, pass 2
+Two streaming passes over the source (memory does not grow with the corpus, except for the compact
+table of 8-byte document hashes used for deduplication, see dedup.py): pass 1 trains the tokenizer on a capped sample, pass 2
 deduplicates, tokenizes in batches, filters by compressibility, splits documents into train and
 validation by a hash of their text (so no document is ever in both) and appends token ids to two flat
 files. Each document ends in [SEP]; a training sequence is [CLS] + the next seq_length-1 stream tokens,
@@ -13,7 +13,6 @@ folder under a file lock, then renamed into place, so concurrent sweep jobs shar
 
 import fcntl
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -27,12 +26,13 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from ..errors import UserError
+from .dedup import SeenHashes
 from .packed import PackedTokens
 from .sources import open_source
 from .tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, train_tokenizer
 
 PIPELINE_VERSION = 1
-ENCODE_BATCH = 512
+BATCH_DOCS, BATCH_CHARS = 512, 1 << 19  # one tokenizer call: bounded in documents and in text
 
 
 def cache_key(cfg, fingerprint) -> str:
@@ -68,6 +68,20 @@ def _capped(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
             return
         used += len(doc)
         yield doc
+
+
+def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
+    """Group documents for batched encoding, capped in characters too: token encodings cost ~100 bytes per
+    token while they live, so a batch of a few huge documents must not grow memory with the corpus."""
+    batch, chars = [], 0
+    for doc in docs:
+        batch.append(doc)
+        chars += len(doc)
+        if len(batch) >= BATCH_DOCS or chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
 
 
 def _build(cfg, source, folder: Path) -> None:
@@ -119,20 +133,18 @@ def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
     sep = tokenizer.sep_token_id
     counts = {"documents_read": 0, "duplicates": 0, "filtered": 0, "train_documents": 0, "val_documents": 0}
     tokens = {"train": 0, "val": 0}
-    seen: set[bytes] = set()
+    seen = SeenHashes()
     files = {split: open(tmp / f"{split}.bin", "wb") for split in ("train", "val")}
     progress = tqdm(desc="tokenizing", unit=" doc", mininterval=2)
     docs = _capped(source.documents(), cfg.max_chars)
     try:
-        while batch := list(itertools.islice(docs, ENCODE_BATCH)):
+        for batch in _batches(docs):
             keep, digests = [], []
             for text in batch:
                 digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=16).digest()
-                if cfg.dedup:
-                    if digest in seen:
-                        counts["duplicates"] += 1
-                        continue
-                    seen.add(digest)
+                if cfg.dedup and not seen.add(digest):
+                    counts["duplicates"] += 1
+                    continue
                 keep.append(text)
                 digests.append(digest)
             counts["documents_read"] += len(batch)
