@@ -19,7 +19,7 @@ from .eval.config import EvalRunConfig, recipe_for
 from .eval.custom import load_custom_task
 from .eval.finetune import finetune
 from .eval.report import append_csv, glue_summary, markdown_table, score_key, seed_statistics
-from .eval.tasks import load_task
+from .eval.tasks import HubUnreachable, load_task
 from .train.checkpoint import SUMMARY, is_complete
 
 
@@ -65,12 +65,16 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
     tasks, skipped = [], {}
     if e.kind == "custom":
         tasks.append(load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type))
+    hub_down = None  # once the hub fails, do not wait for its time-outs again for every other task
     for name in e.tasks if e.kind == "glue" else []:
         try:
+            if hub_down:
+                raise hub_down
             tasks.append(load_task(name, e.data_dir))
         except UserError as err:
             if not e.skip_missing:
                 raise
+            hub_down = err if isinstance(err, HubUnreachable) else hub_down
             skipped[name] = str(err)
             print(f"skipping {name}: {err}", flush=True)
     if not tasks:

@@ -233,3 +233,14 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
                              capture_output=True, text=True, check=True)
         peaks.append(int(out.stdout.strip().splitlines()[-1]) / 1024)  # MiB
     assert peaks[1] - peaks[0] < 40, peaks
+
+
+def test_seen_hashes_is_an_exact_set_across_growth():
+    from cramming.data.dedup import SeenHashes
+
+    rng = np.random.default_rng(0)
+    digests = [rng.bytes(16) for _ in range(50_000)]
+    seen = SeenHashes(capacity=16)
+    assert all(seen.add(d) for d in digests)
+    assert not any(seen.add(d) for d in digests[::7])
+    assert seen.count == 50_000 and len(seen.table) >= 100_000

@@ -147,3 +147,17 @@ def test_bad_task_data_fails_before_training(smoke_checkpoint, tmp_path):
                                                ("+eval.per_task.wnli.epochs=2", "wnli is not in eval.tasks")])
 def test_bad_eval_config(smoke_checkpoint, tmp_path, override, fragment):
     one_line_error(run_eval(f"checkpoint={smoke_checkpoint}", override, *FAST, tmp_path=tmp_path), fragment)
+
+
+def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
+    glue = needs_shared("glue")
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={glue}", "eval.tasks=[rte,qnli]",
+                      "eval.skip_missing=true", "eval.max_train_examples=64", *FAST, tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(last_line_path(result, "results: ").read_text())
+    assert set(results["models"]["pretrained"]["tasks"]) == {"rte"}
+    assert "train.tsv" in results["skipped"]["qnli"] and "(skipped qnli:" in result.stdout
+    # offline with no local folder: every task is skipped, and that is an error, not an empty result
+    result = run_eval(f"checkpoint={smoke_checkpoint}", "eval.data_dir=null", "eval.tasks=[rte,cola]",
+                      "eval.skip_missing=true", *FAST, tmp_path=tmp_path / "offline")
+    one_line_error(result, "no task could be loaded", "eval.data_dir")

@@ -202,6 +202,10 @@ def _parse_label(spec: TaskSpec, raw: str, path: Path, number: int) -> int | flo
 # ---------------------------------------------------------------- hub
 
 
+class HubUnreachable(UserError):
+    """The hub could not serve a task: the same is then true of every other task in this run."""
+
+
 def _load_hub(spec: TaskSpec):
     """Download (or reuse the datasets cache) `nyu-mll/glue`; any failure there means: use local files."""
     try:
@@ -210,7 +214,7 @@ def _load_hub(spec: TaskSpec):
         splits = load_dataset(HUB_DATASET, spec.name)
     except Exception as err:  # noqa: BLE001 -- connection errors, offline mode without a cache, hub errors
         reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise UserError(f"{spec.name}: the hub dataset {HUB_DATASET!r} is unreachable ({reason}); "
+        raise HubUnreachable(f"{spec.name}: the hub dataset {HUB_DATASET!r} is unreachable ({reason}); "
                         f"offline, pass eval.data_dir=<glue_data folder>") from None
     hub_splits = {"train": "train"} | {split: hub for split, _, hub in spec.dev_splits}
     loaded = {split: _hub_examples(spec, splits[hub]) for split, hub in hub_splits.items()}
