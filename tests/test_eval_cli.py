@@ -9,9 +9,23 @@ import sys
 
 import pytest
 
+from cramming.errors import UserError
+
 from conftest import REPO, last_line_path, needs_shared, one_line_error
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=16"]
+
+
+def evaluate_in_process(*overrides, tmp_path):
+    """The same config path as eval.py, without a new interpreter: for the many bad-input cases."""
+    from hydra import compose, initialize_config_dir
+
+    from cramming.eval.config import load_eval_config
+    from cramming.evaluation import evaluate
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="eval", overrides=[*overrides, f"eval.results_table={tmp_path}/results.csv"])
+    return evaluate(load_eval_config(cfg), tmp_path / "eval")
 
 
 def run_eval(*overrides, tmp_path, timeout=600):
@@ -39,26 +53,28 @@ def test_glue_subset_end_to_end(real_pretrain_run, tmp_path):
         stats = entry["summary"]["dev"]
         assert stats["min"] <= stats["median"] <= stats["max"] and len(stats["values"]) == 2
     assert set(pretrained["scores"]) == {"sst2", "stsb"}
-    assert pretrained["glue"]["tasks_counted"] == ["sst2", "stsb"] or set(pretrained["glue"]["tasks_counted"]) == {"sst2", "stsb"}
+    assert set(pretrained["glue"]["tasks_counted"]) == {"sst2", "stsb"}
     assert "| model | SST-2 | STS-B | avg |" in result.stdout and "not comparable" in result.stdout
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert len(rows) == 1 and rows[0]["model"] == "pretrained" and float(rows[0]["sst2"]) > 0
 
 
 def test_pretrained_beats_random_init_on_sst2(real_pretrain_run, tmp_path):
-    """What a minute of pretraining buys: at the same fine-tuning budget the pretrained tiny model must not
-    be worse than the random-init baseline by more than 2 points (documented tolerance: SST-2 subsets of 1500
-    examples are noisy; on real runs the gap is positive)."""
+    """What a minute of pretraining buys. Same fine-tuning budget (1,500 SST-2 examples, 3 epochs, seed 0) for
+    the pretrained tiny model and its random-init twin. Documented tolerance: the pretrained model must score
+    at least the baseline minus 1 point. Measured on this setup (2 seeds, a 2-minute pretraining): 55.7 vs 52.0;
+    the random-init model mostly stays at the majority class (50.9)."""
     glue = needs_shared("glue")
     run_dir, _ = real_pretrain_run
     result = run_eval(f"checkpoint={run_dir / 'checkpoint'}", f"eval.data_dir={glue}", "eval.tasks=[sst2]",
                       "eval.max_train_examples=1500", "eval.baseline=random-init", "impl=cpu",
-                      "eval.recipe.epochs=2", tmp_path=tmp_path)
+                      "eval.recipe.epochs=3", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     pretrained = results["models"]["pretrained"]["scores"]["sst2"]
     baseline = results["models"]["random-init"]["scores"]["sst2"]
-    assert pretrained >= baseline - 2.0, (pretrained, baseline)
+    print(f"SST-2 accuracy: pretrained {pretrained:.2f}, random-init {baseline:.2f}")
+    assert pretrained >= baseline - 1.0, (pretrained, baseline)
     assert "| random-init |" in result.stdout
 
 
@@ -77,9 +93,9 @@ def test_custom_task_csv_and_lookup_by_name(smoke_checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     task = results["models"]["pretrained"]["tasks"]["custom"]
-    assert task["main_metric"] == "accuracy" and "accuracy" in task["summary"]["dev"] or task["summary"]["dev"]
+    assert task["main_metric"] == "accuracy" and 0 <= task["summary"]["dev"]["median"] <= 100
     assert results["checkpoint"].endswith("mine/2026-01-01_00-00-00/checkpoint")
-    assert "| custom |" in result.stdout or "custom" in result.stdout.splitlines()[-4]
+    assert "| model | custom | avg |" in result.stdout
 
 
 def test_custom_regression_is_inferred(smoke_checkpoint, tmp_path):
@@ -111,34 +127,37 @@ def test_any_hugging_face_encoder_folder(smoke_checkpoint, tmp_path):
 
 
 def test_bad_checkpoints(smoke_checkpoint, tmp_path):
+    # through the CLI once: the exit code and the single error line
     one_line_error(run_eval(f"checkpoint={tmp_path}/nothing", *FAST, tmp_path=tmp_path), "no such folder")
     broken = tmp_path / "broken"
     shutil.copytree(smoke_checkpoint, broken)
     (broken / "model.safetensors").unlink()
-    one_line_error(run_eval(f"checkpoint={broken}", *FAST, tmp_path=tmp_path), "has no weights")
+    with pytest.raises(UserError, match="has no weights"):
+        evaluate_in_process(f"checkpoint={broken}", *FAST, tmp_path=tmp_path)
     mismatched = tmp_path / "mismatched"
     shutil.copytree(smoke_checkpoint, mismatched)
     config = json.loads((mismatched / "config.json").read_text())
     config["vocab_size"] = 50
     (mismatched / "config.json").write_text(json.dumps(config))
-    one_line_error(run_eval(f"checkpoint={mismatched}", *FAST, tmp_path=tmp_path), "tokenizer does not belong")
-    one_line_error(run_eval(f"name=never-ran", f"runs_dir={tmp_path}", *FAST, tmp_path=tmp_path),
-                   "no complete checkpoint")
+    with pytest.raises(UserError, match="tokenizer does not belong"):
+        evaluate_in_process(f"checkpoint={mismatched}", *FAST, tmp_path=tmp_path)
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        evaluate_in_process("name=never-ran", f"runs_dir={tmp_path}", *FAST, tmp_path=tmp_path)
 
 
 def test_bad_task_data_fails_before_training(smoke_checkpoint, tmp_path):
     glue = needs_shared("glue")
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={glue}", "eval.tasks=[sst2,qnli]", *FAST,
-                      tmp_path=tmp_path)
-    one_line_error(result, "QNLI", "train.tsv")
+    with pytest.raises(UserError, match="QNLI.*train.tsv"):
+        evaluate_in_process(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={glue}", "eval.tasks=[sst2,qnli]",
+                            *FAST, tmp_path=tmp_path)
     assert not (tmp_path / "eval" / "results.json").exists()
     data = tmp_path / "glue_data" / "RTE"
     data.mkdir(parents=True)
     (data / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n")
     (data / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={tmp_path / 'glue_data'}",
-                      "eval.tasks=[rte]", *FAST, tmp_path=tmp_path)
-    one_line_error(result, "train.tsv", "3", "maybe")
+    with pytest.raises(UserError, match="train.tsv.*3.*maybe"):
+        evaluate_in_process(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={tmp_path / 'glue_data'}",
+                            "eval.tasks=[rte]", *FAST, tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("override,fragment", [("eval.tasks=[glue9]", "eval.tasks='glue9'"),
@@ -146,7 +165,9 @@ def test_bad_task_data_fails_before_training(smoke_checkpoint, tmp_path):
                                                ("eval.recipe.schedule=zigzag", "schedule"),
                                                ("+eval.per_task.wnli.epochs=2", "wnli is not in eval.tasks")])
 def test_bad_eval_config(smoke_checkpoint, tmp_path, override, fragment):
-    one_line_error(run_eval(f"checkpoint={smoke_checkpoint}", override, *FAST, tmp_path=tmp_path), fragment)
+    with pytest.raises(UserError) as err:
+        evaluate_in_process(f"checkpoint={smoke_checkpoint}", override, *FAST, tmp_path=tmp_path)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
 
 
 def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
@@ -158,6 +179,6 @@ def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
     assert set(results["models"]["pretrained"]["tasks"]) == {"rte"}
     assert "train.tsv" in results["skipped"]["qnli"] and "(skipped qnli:" in result.stdout
     # offline with no local folder: every task is skipped, and that is an error, not an empty result
-    result = run_eval(f"checkpoint={smoke_checkpoint}", "eval.data_dir=null", "eval.tasks=[rte,cola]",
-                      "eval.skip_missing=true", *FAST, tmp_path=tmp_path / "offline")
-    one_line_error(result, "no task could be loaded", "eval.data_dir")
+    with pytest.raises(UserError, match="no task could be loaded.*eval.data_dir"):
+        evaluate_in_process(f"checkpoint={smoke_checkpoint}", "eval.data_dir=null", "eval.tasks=[rte,cola]",
+                            "eval.skip_missing=true", *FAST, tmp_path=tmp_path / "offline")
