@@ -1,0 +1,10 @@
+"""Fused GPU kernels (Triton), each beside the eager PyTorch reference it is tested against.
+
+Importing this package never needs Triton: the `*_torch` references work everywhere, and the `*_triton` entry
+points raise a clear error when Triton is missing. To run the Triton kernels on CPU tensors (tests), set
+TRITON_INTERPRET=1 before this package is first imported: Triton decides interpret-or-compile at decoration time.
+"""
+
+from .rotary import apply_rotary_qk, apply_rotary_torch, apply_rotary_triton, rotary_cos_sin
+
+__all__ = ["apply_rotary_qk", "apply_rotary_torch", "apply_rotary_triton", "rotary_cos_sin"]
