@@ -77,6 +77,7 @@ def recipe_for(config: EvalConfig, task: str) -> Recipe:
 
 
 def validate_eval(c: EvalRunConfig) -> None:
+    from .finetune import SCHEDULES
     from .tasks import GLUE_TASKS
 
     e = c.eval
@@ -110,4 +111,4 @@ def validate_eval(c: EvalRunConfig) -> None:
         check(r.max_length >= 8, f"{key}.max_length", r.max_length, "must be >= 8")
         check(0 <= r.warmup_fraction < 1, f"{key}.warmup_fraction", r.warmup_fraction, "must be in [0, 1)")
         check(0 <= r.dropout < 1, f"{key}.dropout", r.dropout, "must be in [0, 1)")
-        check_choice(f"{key}.schedule", r.schedule, ("cosine", "linear", "constant"))
+        check_choice(f"{key}.schedule", r.schedule, SCHEDULES)

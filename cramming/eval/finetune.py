@@ -16,6 +16,10 @@ from .metrics import compute_metrics
 from .tasks import TaskData
 
 
+# eval.recipe.schedule -> transformers' scheduler name (each with the linear warm-up first)
+SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
+
+
 def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
     firsts = [e.text_a for e in examples]
     seconds = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
@@ -85,8 +89,7 @@ def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runt
                                   weight_decay=recipe.weight_decay)
     steps_per_epoch = math.ceil(len(train_ids) / recipe.batch_size)
     total = steps_per_epoch * recipe.epochs
-    name = "cosine" if recipe.schedule == "cosine" else "linear" if recipe.schedule == "linear" else "constant_with_warmup"
-    scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(recipe.warmup_fraction * total),
+    scheduler = get_scheduler(SCHEDULES[recipe.schedule], optimizer, num_warmup_steps=int(recipe.warmup_fraction * total),
                               num_training_steps=total)
     autocast, pad_id = runtime.autocast(), tokenizer.pad_token_id
     curve = []
