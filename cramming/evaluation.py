@@ -94,6 +94,24 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: bool, label: str):
+    """Every task with every seed for one model; returns per-task records and the median main scores."""
+    per_task, scores = {}, {}
+    for task in tasks:
+        recipe = recipe_for(config.eval, task.name)
+        runs = [finetune(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
+                         f"{label} {task.name} seed {config.seed + i}") for i in range(config.eval.seeds)]
+        summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs]) for split in task.dev}
+        per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
+                               "train_examples": len(task.train), "source": task.source,
+                               "recipe": asdict(recipe), "summary": summary, "runs": runs}
+        for split, stats in summary.items():
+            scores[score_key(task.name, split)] = stats["median"]
+            print(f"{label} {task.name}/{split}: {task.main_metric} {stats['median']:.2f} "
+                  f"(min {stats['min']:.2f}, max {stats['max']:.2f})", flush=True)
+    return per_task, scores
+
+
 def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     started = time.time()
     run_dir = Path(run_dir)
@@ -114,20 +132,7 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
                "models": {}}
     table_rows = {}
     for label, random_init in models.items():
-        per_task, scores = {}, {}
-        for task in tasks:
-            recipe = recipe_for(config.eval, task.name)
-            runs = [finetune(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
-                             f"{label} {task.name} seed {config.seed + i}") for i in range(config.eval.seeds)]
-            summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs])
-                       for split in task.dev}
-            per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
-                                   "train_examples": len(task.train), "source": task.source,
-                                   "recipe": asdict(recipe), "summary": summary, "runs": runs}
-            for split, stats in summary.items():
-                scores[score_key(task.name, split)] = stats["median"]
-                print(f"{label} {task.name}/{split}: {task.main_metric} {stats['median']:.2f} "
-                      f"(min {stats['min']:.2f}, max {stats['max']:.2f})", flush=True)
+        per_task, scores = finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init, label)
         glue = glue_summary(scores, config.eval.include_wnli) if config.eval.kind == "glue" else None
         results["models"][label] = {"tasks": per_task, "scores": scores, "glue": glue}
         table_rows[label] = {**scores, **({"average": glue["average"]} if glue else {})}

@@ -13,9 +13,9 @@ rm -f "$log"
 [ -n "$checkpoint" ] || { echo "pretraining printed no checkpoint" >&2; exit 1; }
 
 echo "GLUE data: ${GLUE_DIR:-the Hugging Face hub (set GLUE_DIR=<glue_data folder> to use local files)}"
-# A smoke-sized fine-tuning (2,000 examples, 2 epochs per task): the scores are marked "not comparable".
+# A smoke-sized fine-tuning (1,000 examples, 2 epochs per task): the scores are marked "not comparable".
 if ! .venv/bin/python eval.py checkpoint="$checkpoint" eval.tasks=[cola,sst2,mrpc,stsb,qnli,rte] \
-     eval.skip_missing=true eval.max_train_examples=2000 eval.recipe.epochs=2; then
+     eval.skip_missing=true eval.max_train_examples=1000 eval.recipe.epochs=2; then
   echo "GLUE evaluation skipped: no GLUE task data was reachable (see the error above). The checkpoint is ready:"
   echo "checkpoint: $checkpoint"
 fi
