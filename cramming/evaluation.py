@@ -78,7 +78,8 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
             skipped[name] = str(err)
             print(f"skipping {name}: {err}", flush=True)
     if not tasks:
-        raise UserError("no task could be loaded: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+        reasons = "; ".join(dict.fromkeys(skipped.values()))  # the hub being down is one reason, not one per task
+        raise UserError(f"no task could be loaded ({', '.join(skipped)}): {reasons}")
     if e.max_train_examples:
         for task in tasks:  # the same subset for every seed, so seeds differ only in fine-tuning
             if len(task.train) > e.max_train_examples:
@@ -122,6 +123,7 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     runtime = impl_.resolve(config.impl)
     # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     models = {"pretrained": False} | ({"random-init": True} if config.eval.baseline == "random-init" else {})
     comparable = config.eval.max_train_examples is None
     print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
