@@ -6,9 +6,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
-from conftest import REPO, last_line_path, one_line_error, needs_shared, run_pretrain
+from conftest import REPO, last_line_path, one_line_error, run_pretrain
 
 CPU_TINY = ["arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke"]
 
