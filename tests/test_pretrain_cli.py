@@ -6,7 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-
 from conftest import REPO, last_line_path, one_line_error, run_pretrain
 
 CPU_TINY = ["arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke"]
