@@ -14,6 +14,7 @@ from . import impl as impl_
 from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
+from .data.tokenizer import SPECIAL_IDS
 from .model import CrammedConfig, CrammedForMaskedLM
 from .train.checkpoint import save_checkpoint
 from .train.evaluate import validation_metrics
@@ -57,7 +58,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     torch.set_flush_denormal(True)
 
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
-        model = build_model(config.arch, config.data.vocab_size, dict(pad=0, cls=2, sep=3, mask=4), config.impl.attention)
+        model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, config.impl.attention)
         print(f"dryrun: config valid; model has {count_parameters(model):,} parameters; device {runtime.device}")
         return {"dryrun": True, "parameters": count_parameters(model)}
 

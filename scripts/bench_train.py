@@ -26,12 +26,13 @@ from hydra import compose, initialize_config_dir
 from transformers import BertConfig, BertForMaskedLM
 
 from cramming.config import load_config
+from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.pretraining import build_model
 from cramming.train.masking import mask_tokens
 from cramming.train.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
-SPECIAL = dict(pad=0, cls=2, sep=3, mask=4)
+SPECIAL = SPECIAL_IDS
 
 
 def parse_args():

@@ -13,6 +13,8 @@ from ..errors import UserError
 from ..model.registry import Registry
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# The ids every tokenizer trained here gives them (what a model needs before any data exists, e.g. a dry run).
+SPECIAL_IDS = {name: SPECIAL_TOKENS.index(f"[{name.upper()}]") for name in ("pad", "cls", "sep", "mask")}
 TOKENIZER_KINDS = Registry("tokenizer kind")
 
 
