@@ -13,6 +13,12 @@ from .errors import UserError
 
 
 @dataclass
+class AttentionConfig:
+    pattern: str = "global"  # global | local
+    window: int = 64  # local: a token sees keys within this many positions on each side
+
+
+@dataclass
 class ArchConfig:
     num_layers: int = 16
     hidden_size: int = 768
@@ -26,7 +32,11 @@ class ArchConfig:
     embedding_norm: bool = True
     final_norm: bool = True
     bias: bool = False
-    position: str = "scaled-sinusoidal"
+    position: str = "scaled-sinusoidal"  # learned | sinusoidal | scaled-sinusoidal | rotary | alibi | none
+    rotary_pct: float = 1.0  # rotary: the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
+    rotary_base: float = 10000.0
+    rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
     max_seq_length: int = 128
     tie_embeddings: bool = True
     objective: str = "mlm"
@@ -96,7 +106,8 @@ class ImplConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool | None = None  # null = on for cuda, off for cpu
     microbatch_size: int = 128
-    attention: str = "sdpa"  # sdpa | eager
+    attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
+    rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
     num_workers: int = 0
 
 
@@ -139,7 +150,9 @@ def validate(c: PretrainConfig) -> None:
     """Choices and ranges. Registries are the single source of valid names."""
     from .data.sources import SOURCES
     from .data.tokenizer import TOKENIZER_KINDS
+    from . import kernels  # noqa: F401  registers the Triton kernels by name
     from .model.attention import ATTENTION_KERNELS
+    from .model.rotary import ROTARY_IMPLS
     from .model.ffn import ACTIVATIONS, FFNS
     from .model.norms import NORMS
     from .model.positions import POSITIONS
@@ -156,6 +169,15 @@ def validate(c: PretrainConfig) -> None:
     check_choice("arch.norm", a.norm, NORMS)
     check_choice("arch.norm_position", a.norm_position, ("pre", "post"))
     check_choice("arch.position", a.position, POSITIONS)
+    head_dim = a.hidden_size // a.num_heads
+    if a.position == "rotary":
+        check(0 < a.rotary_pct <= 1, "arch.rotary_pct", a.rotary_pct, "must be in (0, 1]")
+        check(int(head_dim * a.rotary_pct) >= 2, "arch.rotary_pct", a.rotary_pct,
+              f"rotates no dimension pair of a {head_dim}-dim head; raise it")
+        check(a.rotary_base > 1, "arch.rotary_base", a.rotary_base, "must be > 1")
+    check_choice("arch.attention.pattern", a.attention.pattern, ("global", "local"))
+    if a.attention.pattern == "local":
+        check(a.attention.window >= 1, "arch.attention.window", a.attention.window, "must be >= 1")
     check_choice("arch.objective", a.objective, ("mlm",))
     for key in ("hidden_dropout", "attention_dropout"):
         check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
@@ -199,7 +221,8 @@ def validate(c: PretrainConfig) -> None:
 
     check_choice("impl.device", i.device, ("auto", "cuda", "cpu"))
     check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
-    check_choice("impl.attention", i.attention, ATTENTION_KERNELS)
+    check_choice("impl.attention", i.attention, ("auto", *ATTENTION_KERNELS))
+    check_choice("impl.rotary", i.rotary, ("auto", *ROTARY_IMPLS))
     check(i.microbatch_size > 0, "impl.microbatch_size", i.microbatch_size, "must be > 0")
     check(
         t.batch_size % microbatch_size(c) == 0,

@@ -1,7 +1,8 @@
-"""Resolve the `impl` settings against the machine: device, precision, compile."""
+"""Resolve the `impl` settings against the machine: device, precision, compile, and which kernels to use."""
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,8 @@ class Runtime:
     device: torch.device
     precision: str
     compile: bool
+    attention: str = "sdpa"  # a name in ATTENTION_KERNELS
+    rotary: str = "torch"  # a name in ROTARY_IMPLS
 
     def autocast(self):
         """A context factory: autocast for bf16/fp16, nothing for fp32."""
@@ -26,7 +29,44 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
 
-def resolve(impl) -> Runtime:
+def triton_unavailable(device: torch.device) -> str | None:
+    """Why Triton kernels cannot run here, or None. On CPU they run only under the interpreter (tests)."""
+    from .kernels import HAVE_TRITON
+
+    if not HAVE_TRITON:
+        return "the triton package is not installed (it ships with torch on Linux)"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"Triton kernels need a CUDA GPU (device is {device.type}; TRITON_INTERPRET=1 runs them slowly on CPU)"
+    return None
+
+
+def triton_attention_unsupported(arch) -> str | None:
+    """Why the Triton attention kernel cannot serve this architecture, or None."""
+    head_dim = arch.hidden_size // arch.num_heads
+    if arch.attention_dropout > 0:
+        return f"it has no attention dropout (arch.attention_dropout={arch.attention_dropout}); set it to 0"
+    if head_dim > 256:
+        return f"it supports head dims up to 256, and arch.hidden_size / arch.num_heads = {head_dim}"
+    return None
+
+
+def resolve_kernels(name: str, rotary: str, arch, device: torch.device) -> tuple[str, str]:
+    """`auto` picks the Triton kernels on CUDA when they can serve the model, PyTorch's elsewhere. An explicit
+    `triton` that cannot serve the run is an error, never a silent fallback."""
+    no_triton = triton_unavailable(device)
+    reason = no_triton or (triton_attention_unsupported(arch) if arch is not None else None)
+    if name == "triton" and reason:
+        raise UserError(f"impl.attention=triton cannot serve this run: {reason}; or use impl.attention=sdpa")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and reason is None else "sdpa"
+    if rotary == "triton" and no_triton:
+        raise UserError(f"impl.rotary=triton cannot serve this run: {no_triton}; or use impl.rotary=torch")
+    if rotary == "auto":
+        rotary = "triton" if device.type == "cuda" and no_triton is None else "torch"
+    return name, rotary
+
+
+def resolve(impl, arch=None) -> Runtime:
     device_name = impl.device
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,4 +77,5 @@ def resolve(impl) -> Runtime:
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
-    return Runtime(device, precision, compile_)
+    attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device)
+    return Runtime(device, precision, compile_, attention, rotary)

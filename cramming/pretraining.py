@@ -23,12 +23,16 @@ from .train.optim import build_optimizer
 from .train.trainer import Budget, train
 
 
-def build_model(arch, vocab_size: int, special_ids: dict, attention: str) -> CrammedForMaskedLM:
+def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime) -> CrammedForMaskedLM:
     settings = asdict(arch)
+    attention = settings.pop("attention")
     config = CrammedConfig(
         **settings,
+        attention_pattern=attention["pattern"],
+        attention_window=attention["window"],
         vocab_size=vocab_size,
-        attention_impl=attention,
+        attention_impl=runtime.attention,
+        rotary_impl=runtime.rotary,
         pad_token_id=special_ids["pad"],
         cls_token_id=special_ids["cls"],
         sep_token_id=special_ids["sep"],
@@ -53,21 +57,21 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.seed)
-    runtime = impl_.resolve(config.impl)
+    runtime = impl_.resolve(config.impl, config.arch)
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
     torch.set_flush_denormal(True)
 
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
-        model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, config.impl.attention)
+        model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, runtime)
         print(f"dryrun: config valid; model has {count_parameters(model):,} parameters; device {runtime.device}")
         return {"dryrun": True, "parameters": count_parameters(model)}
 
     folder, meta = prepare_data(config.data)
     tokenizer = load_tokenizer(folder)
-    model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], config.impl.attention)
+    model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
     parameters = count_parameters(model)
     print(f"model: {parameters:,} parameters, device {runtime.device}, precision {runtime.precision}, "
-          f"compile {runtime.compile}", flush=True)
+          f"compile {runtime.compile}, attention {runtime.attention}, rotary {runtime.rotary}", flush=True)
     model.to(runtime.device)
     optimizer = build_optimizer(model, config.train, runtime.device)
     step_model = torch.compile(model) if runtime.compile else model

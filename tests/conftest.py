@@ -31,12 +31,13 @@ def _cache_env(cache_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `python pretrain.py` as a user would, from the repository root."""
+def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 300,
+                 env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python pretrain.py` as a user would, from the repository root; `env` replaces the environment."""
     args = [sys.executable, str(REPO / "pretrain.py"), *overrides]
     if run_dir is not None:
         args.append(f"hydra.run.dir={run_dir}")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 

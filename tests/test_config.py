@@ -48,7 +48,7 @@ def test_crammed_bert_is_the_cramming_recipe():
     [
         ("+arch.bogus=1", "arch.bogus"),
         ("arch.hidden_size=big", "arch.hidden_size"),
-        ("arch.position=wavy", "arch.position='wavy' is not a valid option; choose one of: learned, none"),
+        ("arch.position=wavy", "arch.position='wavy' is not a valid option; choose one of: alibi, learned, none, rotary"),
         ("arch.norm=batchnorm", "arch.norm='batchnorm'"),
         ("arch.ffn=moe", "arch.ffn='moe'"),
         ("arch.activation=tanhh", "arch.activation"),

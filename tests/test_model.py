@@ -86,6 +86,35 @@ def test_padding_does_not_change_real_tokens():
     torch.testing.assert_close(model(ids).logits, model(padded, attention_mask=mask).logits[:, :10])
 
 
+@pytest.mark.parametrize("arch", [dict(position="rotary", rotary_pct=0.25), dict(position="alibi"),
+                                  dict(attention_pattern="local", attention_window=2)])
+def test_attention_options_change_the_model_and_agree_across_kernels(arch):
+    torch.manual_seed(0)
+    plain = CrammedForMaskedLM(tiny(position="none", init_std=0.3)).eval()  # large enough for peaked attention
+    sdpa = CrammedForMaskedLM(tiny(attention_impl="sdpa", **arch)).eval()
+    eager = CrammedForMaskedLM(tiny(attention_impl="eager", **arch)).eval()
+    sdpa.load_state_dict(plain.state_dict(), strict=False)
+    eager.load_state_dict(plain.state_dict(), strict=False)
+    ids, _ = masked_batch()
+    mask = torch.ones_like(ids)
+    mask[0, 11:] = 0
+    want = eager(ids, attention_mask=mask).logits
+    torch.testing.assert_close(sdpa(ids, attention_mask=mask).logits, want, atol=1e-5, rtol=1e-5)
+    assert (plain(ids, attention_mask=mask).logits - want).abs().max() > 0.05
+
+
+def test_rotary_makes_attention_depend_on_relative_position_only():
+    """With rotary alone, shifting the whole input by t positions (same tokens, padded on the left side of a
+    longer window) leaves the outputs of the real tokens unchanged."""
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny(position="rotary", embedding_norm=False)).eval()
+    ids, _ = masked_batch(batch=1, seq=10)
+    mask = torch.cat([torch.zeros(1, 4), torch.ones(1, 10)], dim=1).long()
+    shifted = torch.cat([torch.zeros(1, 4, dtype=ids.dtype), ids], dim=1)
+    torch.testing.assert_close(model(shifted, attention_mask=mask).logits[:, 4:], model(ids).logits,
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_classifier_regression_and_classes():
     ids, _ = masked_batch()
     reg = CrammedForSequenceClassification(tiny(num_labels=1))
@@ -96,13 +125,18 @@ def test_classifier_regression_and_classes():
     assert out.logits.shape == (3, 3) and torch.isfinite(out.loss)
 
 
-def test_hf_round_trip_in_a_fresh_interpreter(tmp_path):
+@pytest.mark.parametrize("arch", [
+    dict(),
+    dict(position="rotary", rotary_pct=0.5, rotary_interleaved=True, attention_pattern="local", attention_window=3),
+])
+def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
     """Saved like pretrain.py saves it, the checkpoint loads with trust_remote_code=True where cramming was
     never imported, and gives identical logits; the classifier head loads from the same folder."""
     torch.manual_seed(0)
-    model = CrammedForMaskedLM(tiny()).eval()
-    with torch.no_grad():
-        model.encoder.positions.scale.fill_(0.123)  # a trained value must survive the round trip
+    model = CrammedForMaskedLM(tiny(**arch)).eval()
+    if hasattr(model.encoder.positions, "scale"):
+        with torch.no_grad():
+            model.encoder.positions.scale.fill_(0.123)  # a trained value must survive the round trip
     model.config.auto_map = dict(AUTO_MAP)
     model.save_pretrained(tmp_path)
     ids, _ = masked_batch()

@@ -31,6 +31,9 @@ def config_for(*overrides):
     ["impl.num_workers=1"],
     ["train.log_every=2", "train.schedule=budget-cosine"],
     ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
+    ["arch.position=rotary", "arch.rotary_pct=0.5", "arch.rotary_interleaved=true", "arch.rotary_base=500",
+     "impl.rotary=torch"],
+    ["arch.position=alibi", "arch.attention.pattern=local", "arch.attention.window=4", "impl.attention=sdpa"],
     ["data.ordering=sentence-length", "data.tokenizer.kind=bpe"],
     ["arch=bert-base", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
 ])

@@ -186,3 +186,13 @@ def test_cos_sin_cached_per_key_with_expected_values():
     p, i = 7, 2
     assert math.isclose(cos[p, i].item(), math.cos(p * 10000.0 ** (-2 * i / 6)), abs_tol=1e-6)
     assert math.isclose(sin[p, i].item(), math.sin(p * 10000.0 ** (-2 * i / 6)), abs_tol=1e-6)
+
+
+def test_tables_first_built_under_inference_mode_serve_training():
+    """Validation (inference_mode) may build the tables before the first training step needs them."""
+    with torch.inference_mode():
+        cos, sin = rotary_cos_sin(11, 6, base=123.0, device=DEVICE)
+    x = torch.randn(1, 1, 11, 6, device=DEVICE, requires_grad=True)
+    for impl in IMPLS.values():
+        impl(x, cos, sin).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -5,6 +5,10 @@ points raise a clear error when Triton is missing. To run the Triton kernels on 
 TRITON_INTERPRET=1 before this package is first imported: Triton decides interpret-or-compile at decoration time.
 """
 
+import importlib.util
+
 from .rotary import apply_rotary_qk, apply_rotary_torch, apply_rotary_triton, rotary_cos_sin
 
-__all__ = ["apply_rotary_qk", "apply_rotary_torch", "apply_rotary_triton", "rotary_cos_sin"]
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+__all__ = ["HAVE_TRITON", "apply_rotary_qk", "apply_rotary_torch", "apply_rotary_triton", "rotary_cos_sin"]

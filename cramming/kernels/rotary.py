@@ -1,74 +1,19 @@
-"""Rotary position embeddings (RoPE): an eager reference and a fused Triton kernel, forward and backward.
+"""Rotary position embeddings as one fused Triton kernel, forward and backward.
 
-x is (batch, heads, seq, head_dim). The first `rotary_dim` dims of each head are rotated pairwise by the angle
-position * base**(-2i/rotary_dim); the rest pass through. Pairs are (i, i + rotary_dim/2) in the GPT-NeoX
-half-split layout, or (2i, 2i + 1) in the GPT-J interleaved layout. The eager path is the definition; the Triton
-path does the same in one launch per direction, so the rotated copy never round-trips through extra buffers.
+The definition (and the eager path) is cramming.model.rotary.apply_rotary_torch; this does the same rotation in
+one launch per direction, reading x through its strides, so the rotated copy never round-trips through extra
+buffers.
 """
 
 import torch
+
+from ..model.rotary import ROTARY_IMPLS, apply_rotary_torch, rotary_cos_sin, rotary_dim_of
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # Triton is Linux-only; the eager path must stay importable everywhere.
     triton = None
-
-_TABLES: dict = {}
-_MAX_TABLES = 16
-
-
-def rotary_cos_sin(seq_len: int, rotary_dim: int, base: float = 10000.0, device=None, dtype=torch.float32):
-    """The (seq_len, rotary_dim // 2) cos and sin tables, cached per (seq_len, rotary_dim, base, device, dtype).
-
-    Every layer and every step asks for the same tables; rebuilding them costs allocations and small launches,
-    and returning the same tensors keeps CUDA graphs / torch.compile guards stable. Treat them as read-only.
-    """
-    device = torch.device("cpu" if device is None else device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    key = (int(seq_len), int(rotary_dim), float(base), device, dtype)
-    if key not in _TABLES:
-        if len(_TABLES) >= _MAX_TABLES:  # a handful of configs in practice; never grow without bound
-            _TABLES.pop(next(iter(_TABLES)))
-        inv_freq = base ** (-torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim)
-        angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-        _TABLES[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
-    return _TABLES[key]
-
-
-def _rotary_dim(x, cos, sin, position_ids, rotary_pct):
-    """Validate shapes and return rotary_dim = int(head_dim * rotary_pct), rounded down to even."""
-    if x.dim() != 4:
-        raise ValueError(f"x must be (batch, heads, seq, head_dim), got shape {tuple(x.shape)}")
-    if not 0.0 <= rotary_pct <= 1.0:
-        raise ValueError(f"rotary_pct must be in [0, 1], got {rotary_pct}")
-    rotary_dim = int(x.shape[-1] * rotary_pct) // 2 * 2
-    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != rotary_dim // 2:
-        raise ValueError(f"cos/sin must both be (positions, {rotary_dim // 2}) for rotary_dim {rotary_dim}, "
-                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if position_ids is None and cos.shape[0] < x.shape[2]:
-        raise ValueError(f"tables hold {cos.shape[0]} positions but seq is {x.shape[2]}")
-    if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[1] != x.shape[2]
-                                     or position_ids.shape[0] not in (1, x.shape[0])):
-        raise ValueError(f"position_ids must be ({x.shape[0]} or 1, {x.shape[2]}), got {tuple(position_ids.shape)}")
-    return rotary_dim
-
-
-def apply_rotary_torch(x, cos, sin, position_ids=None, rotary_pct=1.0, interleaved=False):
-    """Eager reference: the definition the kernel is tested against. Computes in fp32, returns x's dtype."""
-    rotary_dim = _rotary_dim(x, cos, sin, position_ids, rotary_pct)
-    half, seq = rotary_dim // 2, x.shape[2]
-    if position_ids is None:
-        c, s = cos[:seq].float(), sin[:seq].float()  # (seq, half), broadcasts over batch and heads
-    else:
-        c, s = cos[position_ids].float().unsqueeze(1), sin[position_ids].float().unsqueeze(1)  # (batch, 1, seq, half)
-    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
-    x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :half], rot[..., half:])
-    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
-    rot = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), dim=-1)
-    return torch.cat((rot.to(x.dtype), rest), dim=-1)
-
 
 if triton is not None:
 
@@ -132,30 +77,44 @@ def _launch(x, cos, sin, position_ids, rotary_dim, interleaved, backward):
     return out
 
 
-class _RotaryFunction(torch.autograd.Function):
-    """Gradient flows to x only: the cos/sin tables and position ids are constants."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, position_ids, rotary_dim, interleaved):
-        ctx.save_for_backward(cos, sin, position_ids)
-        ctx.rotary_dim, ctx.interleaved = rotary_dim, interleaved
-        return _launch(x, cos, sin, position_ids, rotary_dim, interleaved, backward=False)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        cos, sin, position_ids = ctx.saved_tensors
-        grad_x = _launch(grad_out, cos, sin, position_ids, ctx.rotary_dim, ctx.interleaved, backward=True)
-        return grad_x, None, None, None, None, None
+# A torch.library custom op: torch.compile keeps it in the graph as one opaque call (no graph break, no tracing
+# into Triton), and autograd reaches the backward below.
+@torch.library.custom_op("cramming::rotary", mutates_args=())
+def _rotary_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor | None,
+               rotary_dim: int, interleaved: bool, backward: bool) -> torch.Tensor:
+    return _launch(x, cos, sin, position_ids, rotary_dim, interleaved, backward)
 
 
+@_rotary_op.register_fake
+def _(x, cos, sin, position_ids, rotary_dim, interleaved, backward):
+    return torch.empty(x.shape, device=x.device, dtype=x.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    x, cos, sin, position_ids, rotary_dim, interleaved, backward = inputs
+    ctx.save_for_backward(cos, sin, position_ids)
+    ctx.rotary_dim, ctx.interleaved, ctx.backward = rotary_dim, interleaved, backward
+
+
+def _rotary_backward(ctx, grad_out):
+    """The transpose of a rotation is the rotation by the negative angle. Gradient flows to x only."""
+    cos, sin, position_ids = ctx.saved_tensors
+    grad_x = _rotary_op(grad_out, cos, sin, position_ids, ctx.rotary_dim, ctx.interleaved, not ctx.backward)
+    return grad_x, None, None, None, None, None, None
+
+
+_rotary_op.register_autograd(_rotary_backward, setup_context=_setup_context)
+
+
+@ROTARY_IMPLS.register("triton")
 def apply_rotary_triton(x, cos, sin, position_ids=None, rotary_pct=1.0, interleaved=False):
     """Same result as apply_rotary_torch, in one fused Triton launch (and one more for the backward)."""
     if triton is None:
         raise RuntimeError("apply_rotary_triton needs triton; use apply_rotary_torch instead")
-    rotary_dim = _rotary_dim(x, cos, sin, position_ids, rotary_pct)
+    rotary_dim = rotary_dim_of(x, cos, sin, position_ids, rotary_pct)
     if len({t.device for t in (x, cos, sin) + ((position_ids,) if position_ids is not None else ())}) != 1:
         raise ValueError("x, cos, sin and position_ids must be on one device")
-    return _RotaryFunction.apply(x, cos.contiguous(), sin.contiguous(), position_ids, rotary_dim, interleaved)
+    return _rotary_op(x, cos.contiguous(), sin.contiguous(), position_ids, rotary_dim, interleaved, False)
 
 
 def apply_rotary_qk(q, k, cos, sin, position_ids=None, rotary_pct=1.0, interleaved=False, use_triton=True):

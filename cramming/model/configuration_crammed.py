@@ -24,6 +24,11 @@ class CrammedConfig(PretrainedConfig):
         final_norm: bool = True,
         bias: bool = False,
         position: str = "scaled-sinusoidal",
+        rotary_pct: float = 1.0,
+        rotary_base: float = 10000.0,
+        rotary_interleaved: bool = False,
+        attention_pattern: str = "global",
+        attention_window: int = 64,
         max_seq_length: int = 128,
         tie_embeddings: bool = True,
         objective: str = "mlm",
@@ -34,6 +39,7 @@ class CrammedConfig(PretrainedConfig):
         attention_dropout: float = 0.1,
         classifier_dropout: float = 0.1,
         attention_impl: str = "sdpa",
+        rotary_impl: str = "torch",
         pad_token_id: int = 0,
         cls_token_id: int = 2,
         sep_token_id: int = 3,
@@ -54,6 +60,11 @@ class CrammedConfig(PretrainedConfig):
         self.final_norm = final_norm
         self.bias = bias
         self.position = position
+        self.rotary_pct = rotary_pct
+        self.rotary_base = rotary_base
+        self.rotary_interleaved = rotary_interleaved
+        self.attention_pattern = attention_pattern
+        self.attention_window = attention_window
         self.max_seq_length = max_seq_length
         self.tie_embeddings = tie_embeddings
         self.objective = objective
@@ -63,7 +74,8 @@ class CrammedConfig(PretrainedConfig):
         self.hidden_dropout = hidden_dropout
         self.attention_dropout = attention_dropout
         self.classifier_dropout = classifier_dropout
-        self.attention_impl = attention_impl
+        self.attention_impl = attention_impl  # kernels are a runtime choice: checkpoints are saved with sdpa/torch
+        self.rotary_impl = rotary_impl
         self.cls_token_id = cls_token_id
         self.mask_token_id = mask_token_id
         kwargs.pop("tie_word_embeddings", None)  # derived from tie_embeddings; present when loading a saved config

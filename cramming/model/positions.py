@@ -1,6 +1,7 @@
-"""Absolute position schemes added to the token embeddings, by name (`arch.position`).
+"""Position schemes by name (`arch.position`).
 
-Each takes the sequence length and returns a (seq_len, hidden) tensor to add, or None.
+Each takes the sequence length and returns a (seq_len, hidden) tensor to add to the token embeddings, or None
+for the schemes that act inside attention instead (rotary, alibi: see attention.py).
 """
 
 import math
@@ -57,8 +58,10 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
 
 
 @POSITIONS.register("none")
+@POSITIONS.register("rotary")
+@POSITIONS.register("alibi")
 class NoPositions(nn.Module):
-    """No position information beyond what the attention pattern gives (NoPE)."""
+    """Nothing added to the embeddings: no positions at all (NoPE), or positions applied in attention."""
 
     def __init__(self, config):
         super().__init__()

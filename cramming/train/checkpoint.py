@@ -12,6 +12,9 @@ from pathlib import Path
 from ..model import AUTO_MAP
 
 SUMMARY = "train_summary.json"
+# The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
+# names the PyTorch paths, which compute the same function everywhere.
+PORTABLE_KERNELS = {"attention_impl": "sdpa", "rotary_impl": "torch"}
 
 
 def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
@@ -20,7 +23,15 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     model.config.auto_map = dict(AUTO_MAP)
-    model.save_pretrained(tmp, safe_serialization=True)
+    in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
+    try:
+        for key, portable in PORTABLE_KERNELS.items():
+            if in_use[key] == "triton":
+                setattr(model.config, key, portable)
+        model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        for key, value in in_use.items():
+            setattr(model.config, key, value)
     tokenizer.save_pretrained(tmp)
     with open(tmp / SUMMARY, "w") as fh:
         json.dump(summary, fh, indent=2)
