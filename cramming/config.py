@@ -14,7 +14,7 @@ from .errors import UserError
 
 @dataclass
 class AttentionConfig:
-    pattern: str = "global"  # global | local
+    pattern: list[str] = field(default_factory=lambda: ["global"])  # cycled over the layers: global | local
     window: int = 64  # local: a token sees keys within this many positions on each side
 
 
@@ -175,8 +175,10 @@ def validate(c: PretrainConfig) -> None:
         check(int(head_dim * a.rotary_pct) >= 2, "arch.rotary_pct", a.rotary_pct,
               f"rotates no dimension pair of a {head_dim}-dim head; raise it")
         check(a.rotary_base > 1, "arch.rotary_base", a.rotary_base, "must be > 1")
-    check_choice("arch.attention.pattern", a.attention.pattern, ("global", "local"))
-    if a.attention.pattern == "local":
+    check(len(a.attention.pattern) > 0, "arch.attention.pattern", a.attention.pattern, "name at least one pattern")
+    for pattern in a.attention.pattern:
+        check_choice("arch.attention.pattern", pattern, ("global", "local"))
+    if "local" in a.attention.pattern:
         check(a.attention.window >= 1, "arch.attention.window", a.attention.window, "must be >= 1")
     check_choice("arch.objective", a.objective, ("mlm",))
     for key in ("hidden_dropout", "attention_dropout"):

@@ -55,6 +55,13 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.norm_position=middle", "arch.norm_position"),
         ("arch.num_heads=5", "must divide arch.hidden_size"),
         ("arch.objective=clm", "arch.objective"),
+        ("arch.attention.pattern=[local,wavy]", "arch.attention.pattern='wavy'"),
+        ("arch.attention.pattern=[]", "name at least one pattern"),
+        ("arch.attention.pattern=local", "arch.attention.pattern"),
+        ("arch.attention.pattern=[local] arch.attention.window=0", "arch.attention.window"),
+        ("arch.position=rotary arch.rotary_pct=1.5", "arch.rotary_pct=1.5"),
+        ("arch.position=rotary arch.rotary_pct=0.01", "rotates no dimension pair"),
+        ("arch.position=rotary arch.rotary_base=1", "arch.rotary_base"),
         ("budget=0", "budget=0"),
         ("data.seq_length=1024", "longer than arch.max_seq_length"),
         ("data.validation_fraction=0", "data.validation_fraction"),
@@ -71,12 +78,13 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("impl.device=tpu", "impl.device"),
         ("impl.precision=fp8", "impl.precision"),
         ("impl.attention=magic", "impl.attention"),
+        ("impl.rotary=magic", "impl.rotary='magic'"),
         ("impl.microbatch_size=0", "impl.microbatch_size"),
     ],
 )
 def test_bad_values_name_the_key(override, fragment):
     with pytest.raises(UserError) as err:
-        load_config(compose_config(override))
+        load_config(compose_config(*override.split()))
     message = str(err.value)
     assert fragment in message
     assert "\n" not in message

@@ -127,7 +127,7 @@ def test_classifier_regression_and_classes():
 
 @pytest.mark.parametrize("arch", [
     dict(),
-    dict(position="rotary", rotary_pct=0.5, rotary_interleaved=True, attention_pattern="local", attention_window=3),
+    dict(position="rotary", rotary_pct=0.5, rotary_interleaved=True, attention_pattern=["local", "global"], attention_window=3),
 ])
 def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
     """Saved like pretrain.py saves it, the checkpoint loads with trust_remote_code=True where cramming was
@@ -160,3 +160,8 @@ def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+def test_attention_pattern_cycles_over_the_layers():
+    model = CrammedForMaskedLM(tiny(num_layers=3, attention_pattern=["local", "global"], attention_window=5))
+    assert [layer.attn.window for layer in model.encoder.layers] == [5, None, 5]

@@ -33,7 +33,7 @@ def config_for(*overrides):
     ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
     ["arch.position=rotary", "arch.rotary_pct=0.5", "arch.rotary_interleaved=true", "arch.rotary_base=500",
      "impl.rotary=torch"],
-    ["arch.position=alibi", "arch.attention.pattern=local", "arch.attention.window=4", "impl.attention=sdpa"],
+    ["arch.position=alibi", "arch.attention.pattern=[local,global]", "arch.attention.window=4", "impl.attention=sdpa"],
     ["data.ordering=sentence-length", "data.tokenizer.kind=bpe"],
     ["arch=bert-base", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
 ])

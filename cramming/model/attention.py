@@ -85,7 +85,7 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, layer_index: int = 0):
         super().__init__()
         if config.hidden_size % config.num_heads:
             raise ValueError(f"hidden_size {config.hidden_size} is not divisible by num_heads {config.num_heads}")
@@ -96,7 +96,8 @@ class SelfAttention(nn.Module):
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.objective == "clm"
-        self.window = config.attention_window if config.attention_pattern == "local" else None
+        pattern = config.attention_pattern[layer_index % len(config.attention_pattern)]
+        self.window = config.attention_window if pattern == "local" else None
         self.alibi = config.position == "alibi"
         self.rotary = None
         if config.position == "rotary":

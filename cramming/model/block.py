@@ -9,11 +9,11 @@ from .norms import build_norm
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, layer_index: int = 0):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
         self.norm1 = build_norm(config)
-        self.attn = SelfAttention(config)
+        self.attn = SelfAttention(config, layer_index)
         self.norm2 = build_norm(config)
         self.ffn = FFNS.get_or_explain(config.ffn)(config)
         self.dropout = nn.Dropout(config.hidden_dropout)

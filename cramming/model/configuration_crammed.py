@@ -27,7 +27,7 @@ class CrammedConfig(PretrainedConfig):
         rotary_pct: float = 1.0,
         rotary_base: float = 10000.0,
         rotary_interleaved: bool = False,
-        attention_pattern: str = "global",
+        attention_pattern: list | str = "global",
         attention_window: int = 64,
         max_seq_length: int = 128,
         tie_embeddings: bool = True,
@@ -63,7 +63,8 @@ class CrammedConfig(PretrainedConfig):
         self.rotary_pct = rotary_pct
         self.rotary_base = rotary_base
         self.rotary_interleaved = rotary_interleaved
-        self.attention_pattern = attention_pattern
+        # one pattern per layer, cycled: ["local", "global"] alternates
+        self.attention_pattern = [attention_pattern] if isinstance(attention_pattern, str) else list(attention_pattern)
         self.attention_window = attention_window
         self.max_seq_length = max_seq_length
         self.tie_embeddings = tie_embeddings

@@ -50,7 +50,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.positions = POSITIONS.get_or_explain(config.position)(config)
         self.embedding_norm = build_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.num_layers))
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.post_init()
 
