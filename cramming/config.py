@@ -29,6 +29,7 @@ class ArchConfig:
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-12
     norm_position: str = "pre"  # pre | post
+    qk_norm: bool = False  # normalise each head's queries and keys (with arch.norm)
     embedding_norm: bool = True
     final_norm: bool = True
     bias: bool = False
@@ -42,6 +43,7 @@ class ArchConfig:
     objective: str = "mlm"
     head_transform: bool = False
     sparse_prediction: bool = True
+    init: str = "normal"  # normal | small | megatron-scaled
     init_std: float = 0.02
     hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
     attention_dropout: float = 0.0
@@ -168,6 +170,8 @@ def validate(c: PretrainConfig) -> None:
     check_choice("arch.activation", a.activation, ACTIVATIONS)
     check_choice("arch.norm", a.norm, NORMS)
     check_choice("arch.norm_position", a.norm_position, ("pre", "post"))
+    check_choice("arch.init", a.init, ("normal", "small", "megatron-scaled"))
+    check(a.init_std > 0, "arch.init_std", a.init_std, "must be > 0")
     check_choice("arch.position", a.position, POSITIONS)
     head_dim = a.hidden_size // a.num_heads
     if a.position == "rotary":

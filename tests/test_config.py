@@ -55,6 +55,8 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.norm_position=middle", "arch.norm_position"),
         ("arch.num_heads=5", "must divide arch.hidden_size"),
         ("arch.objective=clm", "arch.objective"),
+        ("arch.init=xavier", "arch.init='xavier'"),
+        ("arch.init_std=0", "arch.init_std"),
         ("arch.attention.pattern=[local,wavy]", "arch.attention.pattern='wavy'"),
         ("arch.attention.pattern=[]", "name at least one pattern"),
         ("arch.attention.pattern=local", "arch.attention.pattern"),

@@ -28,7 +28,8 @@ def masked_batch(batch=3, seq=16, vocab=97, seed=0):
 
 @pytest.mark.parametrize("position", sorted(POSITIONS))
 @pytest.mark.parametrize("layout", [dict(), dict(norm_position="post", final_norm=False, bias=True, ffn="mlp",
-                                                 head_transform=True, sparse_prediction=False, norm="rmsnorm")])
+                                                 head_transform=True, sparse_prediction=False, norm="rmsnorm"),
+                                    dict(norm="scalenorm", qk_norm=True, init="megatron-scaled")])
 def test_forward_backward(position, layout):
     torch.manual_seed(0)
     model = CrammedForMaskedLM(tiny(position=position, **layout))
@@ -165,3 +166,31 @@ def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
 def test_attention_pattern_cycles_over_the_layers():
     model = CrammedForMaskedLM(tiny(num_layers=3, attention_pattern=["local", "global"], attention_window=5))
     assert [layer.attn.window for layer in model.encoder.layers] == [5, None, 5]
+
+
+@pytest.mark.parametrize("scheme", ["normal", "small", "megatron-scaled"])
+def test_init_schemes_set_the_documented_stds(scheme):
+    torch.manual_seed(0)
+    config = tiny(hidden_size=128, num_heads=4, ffn_size=512, num_layers=8, init=scheme, init_std=0.05)
+    model = CrammedForMaskedLM(config)
+    layer = model.encoder.layers[0]
+    plain = 0.05 if scheme != "small" else (2 / (5 * 128)) ** 0.5
+    residual = 0.05 / 4.0 if scheme == "megatron-scaled" else plain  # 0.05 / sqrt(2 * 8 layers)
+    assert layer.attn.qkv.weight.std().item() == pytest.approx(plain, rel=0.05)
+    assert layer.attn.out.weight.std().item() == pytest.approx(residual, rel=0.05)
+    assert layer.ffn.down.weight.std().item() == pytest.approx(residual, rel=0.05)
+
+
+def test_scalenorm_and_qk_norm():
+    from cramming.model.norms import ScaleNorm
+
+    norm = ScaleNorm(16, 1e-12, False)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(norm(x), x / x.norm(dim=-1, keepdim=True) * 4.0)
+    model = CrammedForMaskedLM(tiny(qk_norm=True, norm="rmsnorm")).eval()
+    assert model.encoder.layers[0].attn.q_norm.weight.shape == (8,)  # one norm over each head's 8 dims
+    with torch.no_grad():  # scaling the query projection cannot change the output once queries are normalised
+        ids, _ = masked_batch()
+        before = model(ids).logits
+        model.encoder.layers[0].attn.qkv.weight[:32] *= 7.0
+        torch.testing.assert_close(model(ids).logits, before, atol=1e-4, rtol=1e-4)

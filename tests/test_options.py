@@ -31,6 +31,8 @@ def config_for(*overrides):
     ["impl.num_workers=1"],
     ["train.log_every=2", "train.schedule=budget-cosine"],
     ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
+    ["arch.norm=scalenorm", "arch.qk_norm=true", "arch.init=megatron-scaled", "arch.init_std=0.03"],
+    ["arch.init=small"],
     ["arch.position=rotary", "arch.rotary_pct=0.5", "arch.rotary_interleaved=true", "arch.rotary_base=500",
      "impl.rotary=torch"],
     ["arch.position=alibi", "arch.attention.pattern=[local,global]", "arch.attention.window=4", "impl.attention=sdpa"],

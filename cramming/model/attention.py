@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .norms import build_norm
 from .registry import Registry
 from .rotary import ROTARY_IMPLS, rotary_cos_sin
 
@@ -93,6 +94,10 @@ class SelfAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_heads
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
         self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.out.residual_output = True  # scaled down by arch.init=megatron-scaled
+        # QK-norm (Dehghani et al. 2023): normalise each head's queries and keys, bounding the attention logits.
+        self.q_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.objective == "clm"
@@ -109,6 +114,7 @@ class SelfAttention(nn.Module):
         batch, seq_len, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
+        q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             rotary_dim = int(self.head_dim * self.rotary_pct) // 2 * 2
             cos, sin = rotary_cos_sin(seq_len, rotary_dim, self.rotary_base, x.device, torch.float32)

@@ -20,6 +20,7 @@ class CrammedConfig(PretrainedConfig):
         norm: str = "layernorm",
         norm_eps: float = 1e-12,
         norm_position: str = "pre",
+        qk_norm: bool = False,
         embedding_norm: bool = True,
         final_norm: bool = True,
         bias: bool = False,
@@ -34,6 +35,7 @@ class CrammedConfig(PretrainedConfig):
         objective: str = "mlm",
         head_transform: bool = False,
         sparse_prediction: bool = True,
+        init: str = "normal",
         init_std: float = 0.02,
         hidden_dropout: float = 0.1,
         attention_dropout: float = 0.1,
@@ -56,6 +58,7 @@ class CrammedConfig(PretrainedConfig):
         self.norm = norm
         self.norm_eps = norm_eps
         self.norm_position = norm_position
+        self.qk_norm = qk_norm
         self.embedding_norm = embedding_norm
         self.final_norm = final_norm
         self.bias = bias
@@ -71,6 +74,7 @@ class CrammedConfig(PretrainedConfig):
         self.objective = objective
         self.head_transform = head_transform
         self.sparse_prediction = sparse_prediction
+        self.init = init
         self.init_std = init_std
         self.hidden_dropout = hidden_dropout
         self.attention_dropout = attention_dropout

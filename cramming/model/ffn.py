@@ -20,6 +20,7 @@ class MLP(nn.Module):
         super().__init__()
         self.up = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
         self.down = nn.Linear(config.ffn_size, config.hidden_size, bias=config.bias)
+        self.down.residual_output = True  # scaled down by arch.init=megatron-scaled
         self.act = ACTIVATIONS.get_or_explain(config.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,6 +38,7 @@ class GLU(nn.Module):
         super().__init__()
         self.up = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
         self.down = nn.Linear(config.ffn_size // 2, config.hidden_size, bias=config.bias)
+        self.down.residual_output = True
         self.act = ACTIVATIONS.get_or_explain(config.activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

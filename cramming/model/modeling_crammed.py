@@ -15,7 +15,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 from .block import TransformerBlock
 from .configuration_crammed import CrammedConfig
 from .ffn import ACTIVATIONS
-from .norms import build_norm
+from .norms import ScaleNorm, build_norm
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
 
 
@@ -24,12 +24,22 @@ class CrammedPreTrainedModel(PreTrainedModel):
     base_model_prefix = "encoder"
     _supports_sdpa = True
 
+    def init_std_for(self, module) -> float:
+        """arch.init: `normal` uses init_std everywhere; `small` uses sqrt(2 / (5 hidden)) (Nguyen & Salazar 2019);
+        `megatron-scaled` divides the std of each residual branch's output projection by sqrt(2 layers), so the
+        residual stream's variance does not grow with depth (Shoeybi et al. 2019)."""
+        c = self.config
+        if c.init == "small":
+            return (2 / (5 * c.hidden_size)) ** 0.5
+        if c.init == "megatron-scaled" and getattr(module, "residual_output", False):
+            return c.init_std / (2 * c.num_layers) ** 0.5
+        return c.init_std
+
     @torch.no_grad()
     def _init_weights(self, module):
         # transformers.initialization skips tensors already loaded from a checkpoint.
-        std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            init.normal_(module.weight, mean=0.0, std=std)
+            init.normal_(module.weight, mean=0.0, std=self.init_std_for(module))
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
@@ -37,6 +47,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
+        elif isinstance(module, ScaleNorm):
+            init.constant_(module.scale, module.dim**0.5)
         elif isinstance(module, SinusoidalPositions):
             init.copy_(module.table, sinusoid_table(*module.table.shape))
             if isinstance(module, ScaledSinusoidalPositions):

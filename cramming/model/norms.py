@@ -1,5 +1,6 @@
 """Normalisation layers, by name (`arch.norm`)."""
 
+import torch
 from torch import nn
 
 from .registry import Registry
@@ -20,6 +21,21 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(dim, eps=eps)
 
 
-def build_norm(config) -> nn.Module:
-    return NORMS.get_or_explain(config.norm)(config.hidden_size, config.norm_eps, config.bias)
+@NORMS.register("scalenorm")
+class ScaleNorm(nn.Module):
+    """x * g / ||x|| with one learned scalar g, initialised at sqrt(dim) (Nguyen & Salazar 2019): no per-feature
+    gain or bias, the cheapest norm that still fixes the scale."""
+
+    def __init__(self, dim: int, eps: float, bias: bool):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.scale = nn.Parameter(torch.tensor(dim**0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (self.scale / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(self.eps))
+
+
+def build_norm(config, dim: int | None = None) -> nn.Module:
+    """A norm of the configured kind over `dim` features (default: the hidden size)."""
+    return NORMS.get_or_explain(config.norm)(dim or config.hidden_size, config.norm_eps, config.bias)
 
