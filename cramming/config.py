@@ -40,7 +40,7 @@ class ArchConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     max_seq_length: int = 128
     tie_embeddings: bool = True
-    objective: str = "mlm"
+    objective: str = "mlm"  # mlm | clm (causal attention, next-token prediction)
     head_transform: bool = False
     sparse_prediction: bool = True
     init: str = "normal"  # normal | small | megatron-scaled
@@ -184,18 +184,15 @@ def validate(c: PretrainConfig) -> None:
         check_choice("arch.attention.pattern", pattern, ("global", "local"))
     if "local" in a.attention.pattern:
         check(a.attention.window >= 1, "arch.attention.window", a.attention.window, "must be >= 1")
-    check_choice("arch.objective", a.objective, ("mlm",))
+    check_choice("arch.objective", a.objective, ("mlm", "clm"))
     for key in ("hidden_dropout", "attention_dropout"):
         check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
 
     check_choice("data.source", d.source, SOURCES)
     check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
-    check(
-        d.seq_length <= a.max_seq_length,
-        "data.seq_length",
-        d.seq_length,
-        f"longer than arch.max_seq_length={a.max_seq_length}; raise arch.max_seq_length",
-    )
+    if a.position in ("learned", "sinusoidal", "scaled-sinusoidal"):  # the schemes with a table of positions
+        check(d.seq_length <= a.max_seq_length, "data.seq_length", d.seq_length,
+              f"longer than the {a.position} position table (arch.max_seq_length={a.max_seq_length}); raise it")
     check(d.vocab_size >= 64, "data.vocab_size", d.vocab_size, "must be >= 64")
     check(0 < d.validation_fraction < 0.5, "data.validation_fraction", d.validation_fraction, "must be in (0, 0.5)")
     if d.filter_threshold is not None:

@@ -15,15 +15,16 @@ from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
-from .model import CrammedConfig, CrammedForMaskedLM
+from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.evaluate import validation_metrics
 from .train.metrics import MetricsLog
+from .train.objectives import build_objective
 from .train.optim import build_optimizer
 from .train.trainer import Budget, train
 
 
-def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime) -> CrammedForMaskedLM:
+def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
     settings = asdict(arch)
     attention = settings.pop("attention")
     config = CrammedConfig(
@@ -38,7 +39,7 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
         sep_token_id=special_ids["sep"],
         mask_token_id=special_ids["mask"],
     )
-    return CrammedForMaskedLM(config)
+    return PRETRAINING_HEADS[arch.objective](config)
 
 
 def count_parameters(model) -> int:
@@ -82,18 +83,19 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
 
     eval_start = time.time()
     autocast = runtime.autocast()
+    objective = build_objective(config.arch.objective, config.train, meta, runtime.device)
     val_batch = microbatch
-    untrained = validation_metrics(model, folder, meta, config.train, val_batch, runtime.device, autocast)
+    untrained = validation_metrics(model, objective, folder, meta, config.train, val_batch, runtime.device, autocast)
     eval_seconds = time.time() - eval_start
     print(f"untrained validation loss {untrained['val_loss']:.4f}", flush=True)
 
     log = MetricsLog(run_dir, config.train.tensorboard)
     try:
-        result = train(step_model, optimizer, batches, meta, config.train, microbatch,
+        result = train(step_model, optimizer, batches, objective, meta, config.train, microbatch,
                        Budget(config.budget * 3600, config.train.max_steps), runtime.device, autocast,
                        runtime.grad_scaler(), log)
         eval_start = time.time()
-        final = validation_metrics(model, folder, meta, config.train, val_batch, runtime.device, autocast)
+        final = validation_metrics(model, objective, folder, meta, config.train, val_batch, runtime.device, autocast)
         eval_seconds += time.time() - eval_start
         log.log({"step": result["steps"], **final})
     finally:

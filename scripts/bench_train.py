@@ -27,6 +27,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from cramming.config import load_config
 from cramming.data.tokenizer import SPECIAL_IDS
+from cramming.impl import resolve
 from cramming.pretraining import build_model
 from cramming.train.masking import mask_tokens
 from cramming.train.optim import build_optimizer
@@ -52,10 +53,10 @@ def parse_args():
 
 def build_ours(args, device):
     overrides = [f"arch={args.arch}", f"data.vocab_size={args.vocab}", f"data.seq_length={args.seq}",
-                 f"arch.max_seq_length={max(128, args.seq)}"]
+                 f"arch.max_seq_length={max(128, args.seq)}", f"impl.device={device.type}"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         config = load_config(compose("pretrain", overrides=overrides))
-    model = build_model(config.arch, args.vocab, SPECIAL, config.impl.attention).to(device)
+    model = build_model(config.arch, args.vocab, SPECIAL, resolve(config.impl, config.arch)).to(device)
     return config, model, build_optimizer(model, config.train, device), config.train.grad_clip
 
 

@@ -18,7 +18,8 @@ def compose_config(*overrides: str):
 
 
 def test_groups_have_documented_options():
-    assert {"crammed-bert", "bert-base", "crammed-bert-tiny", "crammed-bert-mini"} <= set(GROUPS["arch"])
+    assert {"crammed-bert", "bert-base", "crammed-bert-tiny", "crammed-bert-mini", "gpt-small",
+            "gpt-tiny"} <= set(GROUPS["arch"])
     assert {"python-docs", "local-text", "sanity", "wikitext-103", "bookcorpus-wikipedia", "the-pile",
             "fineweb-edu"} <= set(GROUPS["data"])
     assert {"budget-o4", "cpu-smoke"} <= set(GROUPS["train"])
@@ -30,6 +31,13 @@ def test_every_option_composes_and_validates(group, option):
     extra = ["data.path=somewhere.txt"] if option == "local-text" else []
     config = load_config(compose_config(f"{group}={option}", *extra))
     assert config.arch.hidden_size % config.arch.num_heads == 0
+
+
+def test_gpt_presets_are_causal_decoders():
+    for preset, dims in (("gpt-small", (12, 768, 12, 3072)), ("gpt-tiny", (4, 256, 4, 1024))):
+        a = load_config(compose_config(f"arch={preset}")).arch
+        assert (a.num_layers, a.hidden_size, a.num_heads, a.ffn_size) == dims
+        assert (a.objective, a.ffn, a.position, a.rotary_pct) == ("clm", "mlp", "rotary", 0.25)
 
 
 def test_crammed_bert_is_the_cramming_recipe():
@@ -54,7 +62,7 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.activation=tanhh", "arch.activation"),
         ("arch.norm_position=middle", "arch.norm_position"),
         ("arch.num_heads=5", "must divide arch.hidden_size"),
-        ("arch.objective=clm", "arch.objective"),
+        ("arch.objective=gan", "arch.objective"),
         ("arch.init=xavier", "arch.init='xavier'"),
         ("arch.init_std=0", "arch.init_std"),
         ("arch.attention.pattern=[local,wavy]", "arch.attention.pattern='wavy'"),
@@ -65,7 +73,7 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.position=rotary arch.rotary_pct=0.01", "rotates no dimension pair"),
         ("arch.position=rotary arch.rotary_base=1", "arch.rotary_base"),
         ("budget=0", "budget=0"),
-        ("data.seq_length=1024", "longer than arch.max_seq_length"),
+        ("data.seq_length=1024", "longer than the scaled-sinusoidal position table (arch.max_seq_length=128)"),
         ("data.validation_fraction=0", "data.validation_fraction"),
         ("data.ordering=alphabetical", "data.ordering"),
         ("data.source=ftp", "data.source"),

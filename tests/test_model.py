@@ -7,7 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from cramming.model import AUTO_MAP, CrammedConfig, CrammedForMaskedLM, CrammedForSequenceClassification
+from cramming.model import (AUTO_MAP, CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM,
+                            CrammedForSequenceClassification)
 from cramming.model.positions import POSITIONS
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16)
@@ -194,3 +195,61 @@ def test_scalenorm_and_qk_norm():
         before = model(ids).logits
         model.encoder.layers[0].attn.qkv.weight[:32] *= 7.0
         torch.testing.assert_close(model(ids).logits, before, atol=1e-4, rtol=1e-4)
+
+
+def test_causal_model_does_not_see_the_future():
+    torch.manual_seed(0)
+    model = CrammedForCausalLM(tiny(objective="clm", position="rotary")).eval()
+    ids, _ = masked_batch(batch=2, seq=12)
+    changed = ids.clone()
+    changed[:, 7:] = torch.randint(5, 97, (2, 5))
+    before, after = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(before[:, :7], after[:, :7])
+    assert not torch.allclose(before[:, 7:], after[:, 7:])
+
+
+def test_causal_loss_is_next_token_cross_entropy():
+    torch.manual_seed(0)
+    model = CrammedForCausalLM(tiny(objective="clm"))
+    ids, _ = masked_batch(batch=2, seq=10)
+    out = model(ids, labels=ids)
+    want = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
+    torch.testing.assert_close(out.loss, want)
+    with pytest.raises(ValueError, match="AutoModelForMaskedLM"):
+        CrammedForCausalLM(tiny(objective="mlm"))
+
+
+def test_causal_classifier_pools_the_last_real_token():
+    torch.manual_seed(0)
+    model = CrammedForSequenceClassification(tiny(objective="clm", num_labels=2)).eval()
+    ids, _ = masked_batch(batch=1, seq=8)
+    padded = torch.cat([ids, torch.zeros(1, 3, dtype=ids.dtype)], dim=1)
+    mask = torch.cat([torch.ones(1, 8), torch.zeros(1, 3)], dim=1).long()
+    torch.testing.assert_close(model(padded, attention_mask=mask).logits, model(ids).logits)
+
+
+def test_causal_checkpoint_generates_in_a_fresh_interpreter(tmp_path):
+    torch.manual_seed(0)
+    model = CrammedForCausalLM(tiny(objective="clm", position="rotary", rotary_pct=0.5)).eval()
+    model.config.auto_map = dict(AUTO_MAP)
+    model.save_pretrained(tmp_path)
+    ids = torch.tensor([[2, 17, 45, 9]])
+    greedy = ids
+    with torch.no_grad():
+        for _ in range(5):  # our own greedy loop: the reference for generate()
+            greedy = torch.cat([greedy, model(greedy).logits[:, -1:].argmax(-1)], dim=1)
+    torch.save({"ids": ids, "greedy": greedy}, tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoModelForCausalLM
+        path = {str(tmp_path)!r}
+        expected = torch.load(path + "/expected.pt")
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+        assert "cramming" not in sys.modules
+        out = model.generate(expected["ids"], max_new_tokens=5, do_sample=False, pad_token_id=0)
+        assert torch.equal(out, expected["greedy"]), (out, expected["greedy"])
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

@@ -33,6 +33,7 @@ def config_for(*overrides):
     ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
     ["arch.norm=scalenorm", "arch.qk_norm=true", "arch.init=megatron-scaled", "arch.init_std=0.03"],
     ["arch.init=small"],
+    ["arch=gpt-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
     ["arch.position=rotary", "arch.rotary_pct=0.5", "arch.rotary_interleaved=true", "arch.rotary_base=500",
      "impl.rotary=torch"],
     ["arch.position=alibi", "arch.attention.pattern=[local,global]", "arch.attention.window=4", "impl.attention=sdpa"],

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from cramming.config import ArchConfig, DataConfig, TrainConfig
+from cramming.impl import Runtime
 from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
 from cramming.pretraining import build_model
+from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
 from cramming.train.trainer import Budget, train
 
@@ -32,12 +34,14 @@ def run(data, budget, train_cfg, microbatch=8, seed=0):
     folder, meta = data
     torch.manual_seed(seed)
     arch = ArchConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_size=128, max_seq_length=32)
-    model = build_model(arch, meta["vocab_size"], meta["special_ids"], "sdpa")
+    cpu = torch.device("cpu")
+    model = build_model(arch, meta["vocab_size"], meta["special_ids"], Runtime(cpu, "fp32", False, "sdpa", "torch"))
     optimizer = build_optimizer(model, train_cfg, torch.device("cpu"))
     batches = train_batches(folder, meta, "random", seed, microbatch, 0, False)
     log = ListLog()
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    result = train(model, optimizer, batches, meta, train_cfg, microbatch, budget, torch.device("cpu"),
+    objective = build_objective("mlm", train_cfg, meta, cpu)
+    result = train(model, optimizer, batches, objective, meta, train_cfg, microbatch, budget, cpu,
                    contextlib.nullcontext, scaler, log)
     return result, log.records
 

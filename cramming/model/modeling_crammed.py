@@ -1,16 +1,18 @@
 """The crammed encoder and its heads, as Hugging Face models.
 
 Read top to bottom: embeddings -> blocks -> final norm (CrammedModel), then the MLM head
-(CrammedForMaskedLM) and the pooled classifier used by GLUE (CrammedForSequenceClassification).
+(CrammedForMaskedLM), the next-token head of causal models (CrammedForCausalLM, `objective: clm`, whose
+attention is causal), and the pooled classifier used by GLUE (CrammedForSequenceClassification).
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutput, MaskedLMOutput,
+                                           SequenceClassifierOutput)
 
 from .block import TransformerBlock
 from .configuration_crammed import CrammedConfig
@@ -131,8 +133,42 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
         return MaskedLMOutput(loss=loss, logits=logits)
 
 
+class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
+    """Decoder + next-token head (tied to the token embeddings). Generation recomputes the whole prefix at each
+    step (no KV cache): these models are small and their contexts short; the cache is not worth its code."""
+
+    _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
+
+    def __init__(self, config: CrammedConfig):
+        if config.objective != "clm":
+            raise ValueError(f"this checkpoint was trained with objective {config.objective!r}, whose attention is "
+                             "bidirectional; load it with AutoModelForMaskedLM")
+        super().__init__(config)
+        self.encoder = CrammedModel(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.bias)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.decoder
+
+    def set_output_embeddings(self, value):
+        self.decoder = value
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **unused):
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> CausalLMOutput:
+        logits = self.decoder(self.encoder(input_ids, attention_mask).last_hidden_state)
+        loss = None
+        if labels is not None:  # position t predicts token t + 1
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
 class CrammedForSequenceClassification(CrammedPreTrainedModel):
-    """Encoder + pooler (first token, dense + tanh) + classifier; one label means regression (STS-B)."""
+    """Encoder + pooler (dense + tanh) + classifier; one label means regression (STS-B). The pooled token is the
+    first ([CLS]) for bidirectional models and the last real one for causal models, the only one that saw all."""
 
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
@@ -145,7 +181,13 @@ class CrammedForSequenceClassification(CrammedPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused):
         hidden = self.encoder(input_ids, attention_mask).last_hidden_state
-        pooled = torch.tanh(self.pooler(hidden[:, 0]))
+        if self.config.objective == "clm":
+            last = (attention_mask.sum(1) - 1 if attention_mask is not None
+                    else torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1))
+            first = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        else:
+            first = hidden[:, 0]
+        pooled = torch.tanh(self.pooler(first))
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:

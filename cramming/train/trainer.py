@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .masking import mask_tokens
 from .schedule import SCHEDULES, batch_size_at
 
 
@@ -28,10 +27,9 @@ class Budget:
         return min(1.0, max(by_time, by_steps))
 
 
-def train(model, optimizer, batches, meta: dict, cfg_train, microbatch_size: int, budget: Budget, device,
+def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatch_size: int, budget: Budget, device,
           autocast, scaler, log) -> dict:
     schedule = SCHEDULES.get_or_explain(cfg_train.schedule)
-    special = torch.tensor(list(meta["special_ids"].values()), device=device)
     seq_len = meta["seq_length"]
     generator = torch.Generator(device=device).manual_seed(torch.initial_seed() % 2**63)
     model.train()
@@ -52,8 +50,7 @@ def train(model, optimizer, batches, meta: dict, cfg_train, microbatch_size: int
         done = 0
         while done < accumulation:
             batch = next(batches).to(device, non_blocking=True)
-            inputs, labels = mask_tokens(batch, cfg_train.mask_prob, meta["special_ids"]["mask"], meta["vocab_size"],
-                                         special, cfg_train.mask_token_share, generator)
+            inputs, labels = objective.batch(batch, generator)
             with autocast():
                 loss = model(input_ids=inputs, labels=labels).loss / accumulation
             scaler.scale(loss).backward()
