@@ -7,8 +7,10 @@ TRITON_INTERPRET=1 before this package is first imported: Triton decides interpr
 
 import importlib.util
 
+from .attention import flash_attention
 from .rotary import apply_rotary_qk, apply_rotary_torch, apply_rotary_triton, rotary_cos_sin
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
-__all__ = ["HAVE_TRITON", "apply_rotary_qk", "apply_rotary_torch", "apply_rotary_triton", "rotary_cos_sin"]
+__all__ = ["HAVE_TRITON", "apply_rotary_qk", "apply_rotary_torch", "apply_rotary_triton", "flash_attention",
+           "rotary_cos_sin"]
