@@ -19,6 +19,17 @@ class AttentionConfig:
 
 
 @dataclass
+class LinearArgs:
+    """Sizes of the structured linear layers; null = the layer's default."""
+
+    rank: int | None = None  # lowrank: bottleneck width; btt: the tensor-train rank
+    blocks: int | None = None  # monarch: number of diagonal blocks
+    cores: int | None = None  # btt, btt-moe: 2 or 3
+    experts: int | None = None  # btt-moe
+    experts_k: int | None = None  # btt-moe: experts per token
+
+
+@dataclass
 class ArchConfig:
     num_layers: int = 16
     hidden_size: int = 768
@@ -38,6 +49,9 @@ class ArchConfig:
     rotary_base: float = 10000.0
     rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    linear: str = "dense"  # dense | lowrank | kronecker | monarch | btt | btt-moe
+    linear_on: list[str] = field(default_factory=lambda: ["ffn", "attention"])
+    linear_args: LinearArgs = field(default_factory=LinearArgs)
     max_seq_length: int = 128
     tie_embeddings: bool = True
     objective: str = "mlm"  # mlm | clm (causal attention, next-token prediction)
@@ -156,6 +170,7 @@ def validate(c: PretrainConfig) -> None:
     from .model.attention import ATTENTION_KERNELS
     from .model.rotary import ROTARY_IMPLS
     from .model.ffn import ACTIVATIONS, FFNS
+    from .model.linear import LINEARS, block_projections, linear_problem
     from .model.norms import NORMS
     from .model.positions import POSITIONS
     from .train.schedule import SCHEDULES
@@ -171,6 +186,16 @@ def validate(c: PretrainConfig) -> None:
     check_choice("arch.norm", a.norm, NORMS)
     check_choice("arch.norm_position", a.norm_position, ("pre", "post"))
     check_choice("arch.init", a.init, ("normal", "small", "megatron-scaled"))
+    check_choice("arch.linear", a.linear, LINEARS)
+    for part in a.linear_on:
+        check_choice("arch.linear_on", part, ("ffn", "attention"))
+    if a.linear != "dense":
+        args = {k: v for k, v in vars(a.linear_args).items() if v is not None}
+        for part in a.linear_on:
+            for fan_in, fan_out in block_projections(a)[part]:
+                problem = linear_problem(a.linear, fan_in, fan_out, **args)
+                check(problem is None, "arch.linear", a.linear, f"cannot build the {part} projection "
+                      f"{fan_in} -> {fan_out}: {problem}")
     check(a.init_std > 0, "arch.init_std", a.init_std, "must be > 0")
     check_choice("arch.position", a.position, POSITIONS)
     head_dim = a.hidden_size // a.num_heads

@@ -18,6 +18,7 @@ from .data.tokenizer import SPECIAL_IDS
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.evaluate import validation_metrics
+from .train.flops import forward_flops_per_token
 from .train.metrics import MetricsLog
 from .train.objectives import build_objective
 from .train.optim import build_optimizer
@@ -27,6 +28,7 @@ from .train.trainer import Budget, train
 def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
     settings = asdict(arch)
     attention = settings.pop("attention")
+    settings["linear_args"] = {k: v for k, v in settings["linear_args"].items() if v is not None}
     config = CrammedConfig(
         **settings,
         attention_pattern=attention["pattern"],
@@ -44,6 +46,11 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
 
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(model, config) -> int:
+    sparse_mlm = config.arch.objective == "mlm" and config.arch.sparse_prediction
+    return forward_flops_per_token(model, config.data.seq_length, config.train.mask_prob if sparse_mlm else 1.0)
 
 
 def seed_everything(seed: int) -> None:
@@ -64,14 +71,17 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
 
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
         model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, runtime)
-        print(f"dryrun: config valid; model has {count_parameters(model):,} parameters; device {runtime.device}")
-        return {"dryrun": True, "parameters": count_parameters(model)}
+        flops = flops_per_token(model, config)
+        print(f"dryrun: config valid; model has {count_parameters(model):,} parameters, "
+              f"{flops / 1e6:,.1f} MFLOPs per token forward; device {runtime.device}")
+        return {"dryrun": True, "parameters": count_parameters(model), "flops_per_token": flops}
 
     folder, meta = prepare_data(config.data)
     tokenizer = load_tokenizer(folder)
     model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
-    parameters = count_parameters(model)
-    print(f"model: {parameters:,} parameters, device {runtime.device}, precision {runtime.precision}, "
+    parameters, flops = count_parameters(model), flops_per_token(model, config)
+    print(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
+          f"train), device {runtime.device}, precision {runtime.precision}, "
           f"compile {runtime.compile}, attention {runtime.attention}, rotary {runtime.rotary}", flush=True)
     model.to(runtime.device)
     optimizer = build_optimizer(model, config.train, runtime.device)
@@ -106,6 +116,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     summary = {
         "name": config.name,
         "parameters": parameters,
+        "flops_per_token": flops,
         "steps": result["steps"],
         "tokens": result["tokens"],
         "tokens_per_s": result["tokens_per_s"],

@@ -33,6 +33,12 @@ def config_for(*overrides):
     ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
     ["arch.norm=scalenorm", "arch.qk_norm=true", "arch.init=megatron-scaled", "arch.init_std=0.03"],
     ["arch.init=small"],
+    ["arch.position=rotary", "arch.rotary_pct=0.25", "arch.attention.pattern=[local]", "arch.attention.window=8",
+     "arch.linear=btt"],
+    ["arch.linear=monarch", "arch.linear_on=[ffn]", "arch.linear_args.blocks=4"],
+    ["arch.linear=btt-moe", "arch.linear_args.experts=4", "arch.linear_args.experts_k=2", "arch.linear_args.cores=2"],
+    ["arch.linear=lowrank", "arch.linear_args.rank=8", "arch.linear_on=[attention]"],
+    ["arch.linear=kronecker"],
     ["arch=gpt-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
     ["arch.position=rotary", "arch.rotary_pct=0.5", "arch.rotary_interleaved=true", "arch.rotary_base=500",
      "impl.rotary=torch"],
@@ -42,7 +48,7 @@ def config_for(*overrides):
 ])
 def test_recipe_runs_with(overrides, tmp_path):
     summary = pretrain(config_for(*overrides), tmp_path)
-    assert summary["steps"] == 3
+    assert summary["steps"] == 3 and summary["flops_per_token"] > 0
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged_steps = [r["step"] for r in records if "loss" in r]

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .linear import build_linear
 from .norms import build_norm
 from .registry import Registry
 from .rotary import ROTARY_IMPLS, rotary_cos_sin
@@ -92,8 +93,8 @@ class SelfAttention(nn.Module):
             raise ValueError(f"hidden_size {config.hidden_size} is not divisible by num_heads {config.num_heads}")
         self.num_heads = config.num_heads
         self.head_dim = config.hidden_size // config.num_heads
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.bias)
-        self.out = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
+        self.qkv = build_linear(config, "attention", config.hidden_size, 3 * config.hidden_size)
+        self.out = build_linear(config, "attention", config.hidden_size, config.hidden_size)
         self.out.residual_output = True  # scaled down by arch.init=megatron-scaled
         # QK-norm (Dehghani et al. 2023): normalise each head's queries and keys, bounding the attention logits.
         self.q_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()

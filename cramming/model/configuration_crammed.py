@@ -30,6 +30,9 @@ class CrammedConfig(PretrainedConfig):
         rotary_interleaved: bool = False,
         attention_pattern: list | str = "global",
         attention_window: int = 64,
+        linear: str = "dense",
+        linear_on: tuple = ("ffn", "attention"),
+        linear_args: dict | None = None,
         max_seq_length: int = 128,
         tie_embeddings: bool = True,
         objective: str = "mlm",
@@ -69,6 +72,9 @@ class CrammedConfig(PretrainedConfig):
         # one pattern per layer, cycled: ["local", "global"] alternates
         self.attention_pattern = [attention_pattern] if isinstance(attention_pattern, str) else list(attention_pattern)
         self.attention_window = attention_window
+        self.linear = linear  # the structured layer used for the projections of the parts in linear_on
+        self.linear_on = list(linear_on)
+        self.linear_args = {k: v for k, v in (linear_args or {}).items() if v is not None}
         self.max_seq_length = max_seq_length
         self.tie_embeddings = tie_embeddings
         self.objective = objective

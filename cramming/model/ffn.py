@@ -4,6 +4,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .linear import build_linear
 from .registry import Registry
 
 FFNS = Registry("ffn")
@@ -18,8 +19,8 @@ ACTIVATIONS.register("relu2")(lambda x: F.relu(x).square())
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.up = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
-        self.down = nn.Linear(config.ffn_size, config.hidden_size, bias=config.bias)
+        self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
+        self.down = build_linear(config, "ffn", config.ffn_size, config.hidden_size)
         self.down.residual_output = True  # scaled down by arch.init=megatron-scaled
         self.act = ACTIVATIONS.get_or_explain(config.activation)
 
@@ -36,8 +37,8 @@ class GLU(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.up = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
-        self.down = nn.Linear(config.ffn_size // 2, config.hidden_size, bias=config.bias)
+        self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
+        self.down = build_linear(config, "ffn", config.ffn_size // 2, config.hidden_size)
         self.down.residual_output = True
         self.act = ACTIVATIONS.get_or_explain(config.activation)
 

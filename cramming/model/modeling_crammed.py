@@ -49,6 +49,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
+        elif hasattr(module, "reset_parameters_"):  # a structured linear layer: its factors, scaled like dense
+            module.reset_parameters_(self.init_std_for(module), init.normal_)
         elif isinstance(module, ScaleNorm):
             init.constant_(module.scale, module.dim**0.5)
         elif isinstance(module, SinusoidalPositions):
