@@ -14,8 +14,9 @@ from .errors import UserError
 
 @dataclass
 class AttentionConfig:
-    pattern: list[str] = field(default_factory=lambda: ["global"])  # cycled over the layers: global | local
-    window: int = 64  # local: a token sees keys within this many positions on each side
+    pattern: list[str] = field(default_factory=lambda: ["global"])  # cycled over the attention blocks
+    window: int = 64  # local: keys within this many positions on each side; stepped: the block length
+    topk: int = 16  # topk: scores kept per query
 
 
 @dataclass
@@ -48,6 +49,12 @@ class ArchConfig:
     rotary_pct: float = 1.0  # rotary: the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
     rotary_base: float = 10000.0
     rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
+    rotary_every: int = 1  # rotary in every k-th attention block only
+    rpe_buckets: int = 32  # rpe: T5 relative-position buckets
+    rpe_max_distance: int = 128  # rpe: distances beyond this share the last bucket
+    rpe_cache: bool = True  # rpe: compute the bias once per forward (true) or in every layer (false)
+    layout: list[str] = field(default_factory=lambda: ["attention"])  # block kinds cycled over the layers
+    gmlp_attn_dim: int = 0  # gmlp: width of aMLP's tiny attention; 0 = none
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     linear: str = "dense"  # dense | lowrank | kronecker | monarch | btt | btt-moe
     linear_on: list[str] = field(default_factory=lambda: ["ffn", "attention"])
@@ -169,6 +176,7 @@ def validate(c: PretrainConfig) -> None:
     from . import kernels  # noqa: F401  registers the Triton kernels by name
     from .model.attention import ATTENTION_KERNELS
     from .model.rotary import ROTARY_IMPLS
+    from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
     from .model.linear import LINEARS, block_projections, linear_problem
     from .model.norms import NORMS
@@ -204,11 +212,32 @@ def validate(c: PretrainConfig) -> None:
         check(int(head_dim * a.rotary_pct) >= 2, "arch.rotary_pct", a.rotary_pct,
               f"rotates no dimension pair of a {head_dim}-dim head; raise it")
         check(a.rotary_base > 1, "arch.rotary_base", a.rotary_base, "must be > 1")
+        check(a.rotary_every >= 1, "arch.rotary_every", a.rotary_every, "must be >= 1 (1 = every attention block)")
+    if a.position == "rpe":
+        check(a.rpe_buckets >= 4, "arch.rpe_buckets", a.rpe_buckets, "must be >= 4")
+        check(a.rpe_max_distance >= a.rpe_buckets, "arch.rpe_max_distance", a.rpe_max_distance,
+              f"must be >= arch.rpe_buckets={a.rpe_buckets}")
+    check(len(a.layout) > 0, "arch.layout", a.layout, "name at least one block kind")
+    for kind in a.layout:
+        check_choice("arch.layout", kind, BLOCKS)
+    if "gmlp" in a.layout:
+        check(a.ffn_size % 2 == 0, "arch.ffn_size", a.ffn_size, "must be even for gmlp blocks (split in halves)")
+        check(a.gmlp_attn_dim >= 0, "arch.gmlp_attn_dim", a.gmlp_attn_dim, "must be >= 0")
+        check(d.seq_length <= a.max_seq_length, "data.seq_length", d.seq_length,
+              f"longer than the gmlp spatial matrix (arch.max_seq_length={a.max_seq_length}); raise it")
     check(len(a.attention.pattern) > 0, "arch.attention.pattern", a.attention.pattern, "name at least one pattern")
     for pattern in a.attention.pattern:
-        check_choice("arch.attention.pattern", pattern, ("global", "local"))
+        check_choice("arch.attention.pattern", pattern, ("global", "local", "stepped", "topk"))
+    w = a.attention.window
     if "local" in a.attention.pattern:
-        check(a.attention.window >= 1, "arch.attention.window", a.attention.window, "must be >= 1")
+        check(1 <= w <= d.seq_length, "arch.attention.window", w,
+              f"must be in [1, data.seq_length={d.seq_length}] for local attention")
+    if "stepped" in a.attention.pattern:
+        check(w >= 1 and d.seq_length % w == 0, "arch.attention.window", w,
+              f"stepped attention needs a block length that divides data.seq_length={d.seq_length}")
+    if "topk" in a.attention.pattern:
+        check(1 <= a.attention.topk <= d.seq_length, "arch.attention.topk", a.attention.topk,
+              f"must be in [1, data.seq_length={d.seq_length}]")
     check_choice("arch.objective", a.objective, ("mlm", "clm"))
     for key in ("hidden_dropout", "attention_dropout"):
         check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")

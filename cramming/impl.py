@@ -40,25 +40,36 @@ def triton_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def triton_attention_unsupported(arch) -> str | None:
-    """Why the Triton attention kernel cannot serve this architecture, or None."""
+def attention_unsupported(name: str, arch) -> str | None:
+    """Why attention kernel `name` cannot serve this architecture, or None. Eager serves everything."""
+    patterns = set(arch.attention.pattern) if arch is not None else set()
+    if name == "sdpa" and "topk" in patterns:
+        return "it never holds the scores, so it cannot do top-k attention (arch.attention.pattern has topk)"
+    if name != "triton" or arch is None:
+        return None
     head_dim = arch.hidden_size // arch.num_heads
     if arch.attention_dropout > 0:
         return f"it has no attention dropout (arch.attention_dropout={arch.attention_dropout}); set it to 0"
     if head_dim > 256:
         return f"it supports head dims up to 256, and arch.hidden_size / arch.num_heads = {head_dim}"
+    if patterns - {"global", "local"}:
+        return f"it implements the global and local patterns, not {', '.join(sorted(patterns - {'global', 'local'}))}"
+    if arch.position == "rpe":
+        return "it has no learned relative-position bias (arch.position=rpe)"
     return None
 
 
 def resolve_kernels(name: str, rotary: str, arch, device: torch.device) -> tuple[str, str]:
-    """`auto` picks the Triton kernels on CUDA when they can serve the model, PyTorch's elsewhere. An explicit
-    `triton` that cannot serve the run is an error, never a silent fallback."""
+    """`auto` picks the Triton kernels on CUDA when they can serve the model, else SDPA, else eager. An explicit
+    choice that cannot serve the run is an error, never a silent fallback."""
     no_triton = triton_unavailable(device)
-    reason = no_triton or (triton_attention_unsupported(arch) if arch is not None else None)
-    if name == "triton" and reason:
-        raise UserError(f"impl.attention=triton cannot serve this run: {reason}; or use impl.attention=sdpa")
     if name == "auto":
-        name = "triton" if device.type == "cuda" and reason is None else "sdpa"
+        candidates = (["triton"] if device.type == "cuda" and no_triton is None else []) + ["sdpa", "eager"]
+        name = next(c for c in candidates if attention_unsupported(c, arch) is None)
+    reason = (no_triton if name == "triton" else None) or attention_unsupported(name, arch)
+    if reason:
+        fallback = "eager" if name == "sdpa" else "sdpa"
+        raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention={fallback}")
     if rotary == "triton" and no_triton:
         raise UserError(f"impl.rotary=triton cannot serve this run: {no_triton}; or use impl.rotary=torch")
     if rotary == "auto":

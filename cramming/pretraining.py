@@ -33,6 +33,7 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
         **settings,
         attention_pattern=attention["pattern"],
         attention_window=attention["window"],
+        attention_topk=attention["topk"],
         vocab_size=vocab_size,
         attention_impl=runtime.attention,
         rotary_impl=runtime.rotary,

@@ -86,3 +86,37 @@ def test_a_query_that_sees_nothing_gets_zeros(name):
 def test_visible_keys_is_none_without_restrictions():
     assert visible_keys(5, False, None, None, "cpu") is None
     assert visible_keys(5, True, None, None, "cpu")[0, 0].equal(torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_stepped_pattern_sees_its_block_and_the_previous_one():
+    visible = visible_keys(8, False, None, None, "cpu", stepped=2)[0, 0]
+    want = torch.tensor([[abs(q // 2 - k // 2) <= 1 and q // 2 >= k // 2 for k in range(8)] for q in range(8)])
+    assert torch.equal(visible, want)
+    assert visible[5].nonzero().flatten().tolist() == [2, 3, 4, 5]  # block 2 sees blocks 1 and 2
+    causal = visible_keys(8, True, None, None, "cpu", stepped=2)[0, 0]
+    assert causal[5].nonzero().flatten().tolist() == [2, 3, 4, 5] and causal[4].nonzero().flatten().tolist() == [2, 3, 4]
+
+
+def test_topk_with_k_equal_to_the_sequence_is_dense_and_smaller_k_differs():
+    q, k, v = qkv()
+    torch.testing.assert_close(eager_attention(q, k, v, topk=9), eager_attention(q, k, v))
+    assert not torch.allclose(eager_attention(q, k, v, topk=2), eager_attention(q, k, v))
+
+
+def test_topk_keeps_exactly_the_k_largest_scores():
+    q, k, v = qkv(batch=1, heads=1, seq=6)
+    v = torch.eye(6)[None, None]  # output row = the attention probabilities
+    probs = eager_attention(q, k, v, topk=2)[0, 0]
+    scores = q[0, 0] @ k[0, 0].T
+    assert torch.equal(probs > 0, scores >= scores.topk(2, dim=-1).values[:, -1:])
+
+
+def test_sdpa_refuses_topk_and_matches_eager_for_stepped_and_a_bias():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="top-k"):
+        sdpa_attention(q, k, v, topk=3)
+    bias = torch.randn(1, 3, 9, 9)
+    mask = padding()
+    torch.testing.assert_close(sdpa_attention(q, k, v, key_padding_mask=mask, stepped=3, bias=bias),
+                               eager_attention(q, k, v, key_padding_mask=mask, stepped=3, bias=bias),
+                               atol=1e-5, rtol=1e-5)

@@ -9,7 +9,7 @@ import torch
 
 from conftest import REPO, needs_shared, one_line_error, run_pretrain  # noqa: F401
 from cramming import impl
-from cramming.config import ArchConfig, ImplConfig
+from cramming.config import ArchConfig, AttentionConfig, ImplConfig
 from cramming.errors import UserError
 from cramming.kernels import HAVE_TRITON
 
@@ -47,6 +47,25 @@ def test_explicit_triton_refuses_what_the_kernel_cannot_do(monkeypatch):
         impl.resolve_kernels("triton", "auto", ArchConfig(attention_dropout=0.1), CPU)
     with pytest.raises(UserError, match="head dims up to 256"):
         impl.resolve_kernels("triton", "auto", ArchConfig(hidden_size=1024, num_heads=2), CPU)
+
+
+@needs_triton
+@pytest.mark.parametrize("arch,reason", [
+    (ArchConfig(attention=AttentionConfig(pattern=["stepped"])), "not stepped"),
+    (ArchConfig(attention=AttentionConfig(pattern=["global", "topk"])), "not topk"),
+    (ArchConfig(position="rpe"), "relative-position bias"),
+])
+def test_triton_refuses_patterns_it_does_not_implement(arch, reason, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(UserError, match=reason):
+        impl.resolve_kernels("triton", "auto", arch, CPU)
+
+
+def test_auto_picks_eager_for_topk_and_sdpa_refuses_it():
+    arch = ArchConfig(attention=AttentionConfig(pattern=["topk"]))
+    assert impl.resolve_kernels("auto", "auto", arch, CPU) == ("eager", "torch")
+    with pytest.raises(UserError, match=r"impl.attention=sdpa cannot serve this run: .*top-k.*impl.attention=eager"):
+        impl.resolve_kernels("sdpa", "auto", arch, CPU)
 
 
 def test_missing_triton_is_explained(monkeypatch):

@@ -31,11 +31,13 @@ def masked_batch(batch=3, seq=16, vocab=97, seed=0):
 @pytest.mark.parametrize("layout", [dict(), dict(norm_position="post", final_norm=False, bias=True, ffn="mlp",
                                                  head_transform=True, sparse_prediction=False, norm="rmsnorm"),
                                     dict(norm="scalenorm", qk_norm=True, init="megatron-scaled")])
-def test_forward_backward(position, layout):
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+def test_forward_backward(position, layout, objective):
     torch.manual_seed(0)
-    model = CrammedForMaskedLM(tiny(position=position, **layout))
+    head = CrammedForCausalLM if objective == "clm" else CrammedForMaskedLM
+    model = head(tiny(position=position, objective=objective, **layout))
     ids, labels = masked_batch()
-    out = model(ids, labels=labels)
+    out = model(ids, labels=ids if objective == "clm" else labels)
     assert torch.isfinite(out.loss)
     out.loss.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
@@ -130,6 +132,7 @@ def test_classifier_regression_and_classes():
 @pytest.mark.parametrize("arch", [
     dict(),
     dict(position="rotary", rotary_pct=0.5, rotary_interleaved=True, attention_pattern=["local", "global"], attention_window=3),
+    dict(position="rpe", layout=["gmlp", "attention"], gmlp_attn_dim=8, linear="btt", norm="scalenorm", qk_norm=True),
 ])
 def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
     """Saved like pretrain.py saves it, the checkpoint loads with trust_remote_code=True where cramming was
@@ -253,3 +256,90 @@ def test_causal_checkpoint_generates_in_a_fresh_interpreter(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+BLOCK_OPTIONS = [
+    dict(position="rpe"),
+    dict(position="rpe", rpe_cache=False, rpe_buckets=8, rpe_max_distance=16),
+    dict(position="rotary", rotary_every=2, rotary_pct=0.25),
+    dict(layout=["gmlp", "gmlp", "attention"], attention_pattern=["local"], attention_window=4),
+    dict(layout=["gmlp"], gmlp_attn_dim=8),
+    dict(attention_pattern=["stepped", "topk", "global"], attention_window=4, attention_topk=5, attention_impl="eager"),
+    dict(linear="monarch", linear_on=["ffn"]),
+]
+
+
+@pytest.mark.parametrize("objective", ["mlm", "clm"])
+@pytest.mark.parametrize("options", BLOCK_OPTIONS)
+def test_every_block_option_trains_for_both_objectives(options, objective):
+    torch.manual_seed(0)
+    head = CrammedForCausalLM if objective == "clm" else CrammedForMaskedLM
+    model = head(tiny(num_layers=3, objective=objective, **options))
+    ids, labels = masked_batch()
+    mask = torch.ones_like(ids)
+    mask[0, 12:] = 0
+    out = model(ids, attention_mask=mask, labels=ids if objective == "clm" else labels)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    if objective == "clm":  # no block may look ahead
+        model.eval()
+        changed = ids.clone()
+        changed[:, 9:] = 5
+        torch.testing.assert_close(model(ids).logits[:, :9], model(changed).logits[:, :9])
+
+
+def test_rpe_cached_equals_uncached():
+    torch.manual_seed(0)
+    cached = CrammedForMaskedLM(tiny(position="rpe", init_std=0.3)).eval()
+    uncached = CrammedForMaskedLM(tiny(position="rpe", rpe_cache=False, init_std=0.3)).eval()
+    uncached.load_state_dict(cached.state_dict())
+    ids, _ = masked_batch()
+    torch.testing.assert_close(cached(ids).logits, uncached(ids).logits, rtol=0, atol=0)
+
+
+def test_rpe_buckets_follow_t5():
+    from cramming.model.rpe import relative_buckets
+
+    relative = torch.arange(-40, 41)
+    both = relative_buckets(relative, True, 32, 128)
+    assert both[40].item() == 0 and both[41].item() == 17 and both[39].item() == 1  # 0, +1, -1
+    assert both.max().item() < 32 and both[:40].max().item() < 16 <= both[41:].min().item()
+    back = relative_buckets(relative, False, 32, 128)
+    assert (back[40:] == 0).all() and back[39].item() == 1  # causal: only the past is told apart
+
+
+def test_rotary_every_second_layer():
+    model = CrammedForMaskedLM(tiny(num_layers=4, position="rotary", rotary_every=2))
+    assert [layer.attn.rotary is not None for layer in model.encoder.layers] == [True, False, True, False]
+
+
+def test_layout_cycles_blocks_and_patterns_cycle_over_attention_blocks():
+    model = CrammedForMaskedLM(tiny(num_layers=6, layout=["gmlp", "attention"], attention_pattern=["local", "global"],
+                                    attention_window=3))
+    kinds = [type(layer).__name__ for layer in model.encoder.layers]
+    assert kinds == ["GMLPBlock", "TransformerBlock"] * 3
+    assert [model.encoder.layers[i].attn.window for i in (1, 3, 5)] == [3, None, 3]
+
+
+def test_gmlp_padding_does_not_reach_real_tokens():
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny(layout=["gmlp"], gmlp_attn_dim=8, position="learned")).eval()
+    with torch.no_grad():
+        for layer in model.encoder.layers:
+            layer.spatial.normal_(0, 0.3)  # trained-looking mixing, not the identity start
+    ids, _ = masked_batch(batch=1, seq=10)
+    padded = torch.cat([ids, torch.full((1, 6), 7)], dim=1)
+    mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], dim=1).long()
+    torch.testing.assert_close(model(padded, attention_mask=mask).logits[:, :10], model(ids).logits,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_count_matches_the_closed_form():
+    h, f, layers, vocab, seq = 32, 64, 2, 97, 16
+    glu = CrammedForMaskedLM(tiny(position="learned"))
+    block = 3 * h * h + h * h + h * f + (f // 2) * h + 2 * h  # qkv, out, up, down, two norm weights
+    assert sum(p.numel() for p in glu.parameters()) == vocab * h + seq * h + h + layers * block + h
+    gmlp = CrammedForMaskedLM(tiny(position="none", layout=["gmlp"]))
+    block = h + h * f + f // 2 + seq * seq + seq + (f // 2) * h  # norm, up, gate norm, spatial + bias, down
+    assert sum(p.numel() for p in gmlp.parameters()) == vocab * h + h + layers * block + h

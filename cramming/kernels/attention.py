@@ -454,11 +454,14 @@ _attention_op.register_autograd(_attention_backward, setup_context=_setup_contex
 
 @ATTENTION_KERNELS.register("triton")
 def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                    scale=None, return_lse=False):
+                    stepped=None, topk=None, bias=None, scale=None, return_lse=False):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,
     bf16 or fp32; any strides). Returns a (batch, heads, seq, head_dim) view of a (batch, seq, heads, head_dim)
     tensor, and with return_lse also the fp32 (batch, heads, seq) natural-log log-sum-exp of the scores
     (-inf for a query that sees no key)."""
+    if stepped is not None or topk is not None or bias is not None:
+        raise ValueError("the Triton attention kernel implements global and local attention with padding, causal "
+                         "and ALiBi masks; stepped, top-k and a learned score bias need the 'sdpa' or 'eager' kernel")
     if dropout_p > 0:
         raise ValueError("the Triton attention kernel has no dropout; set attention dropout to 0 or use the "
                          "'sdpa' or 'eager' kernel")

@@ -28,8 +28,15 @@ class CrammedConfig(PretrainedConfig):
         rotary_pct: float = 1.0,
         rotary_base: float = 10000.0,
         rotary_interleaved: bool = False,
+        rotary_every: int = 1,
+        rpe_buckets: int = 32,
+        rpe_max_distance: int = 128,
+        rpe_cache: bool = True,
+        layout: list | str = "attention",
+        gmlp_attn_dim: int = 0,
         attention_pattern: list | str = "global",
         attention_window: int = 64,
+        attention_topk: int = 16,
         linear: str = "dense",
         linear_on: tuple = ("ffn", "attention"),
         linear_args: dict | None = None,
@@ -69,9 +76,16 @@ class CrammedConfig(PretrainedConfig):
         self.rotary_pct = rotary_pct
         self.rotary_base = rotary_base
         self.rotary_interleaved = rotary_interleaved
+        self.rotary_every = rotary_every  # rotary in every k-th attention block
+        self.rpe_buckets = rpe_buckets
+        self.rpe_max_distance = rpe_max_distance
+        self.rpe_cache = rpe_cache
+        self.layout = [layout] if isinstance(layout, str) else list(layout)  # block kinds, cycled over the layers
+        self.gmlp_attn_dim = gmlp_attn_dim
         # one pattern per layer, cycled: ["local", "global"] alternates
         self.attention_pattern = [attention_pattern] if isinstance(attention_pattern, str) else list(attention_pattern)
         self.attention_window = attention_window
+        self.attention_topk = attention_topk
         self.linear = linear  # the structured layer used for the projections of the parts in linear_on
         self.linear_on = list(linear_on)
         self.linear_args = {k: v for k, v in (linear_args or {}).items() if v is not None}

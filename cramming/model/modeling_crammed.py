@@ -14,11 +14,13 @@ from transformers import initialization as init
 from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutput, MaskedLMOutput,
                                            SequenceClassifierOutput)
 
-from .block import TransformerBlock
+from .block import BLOCKS
+from .gmlp import GMLPBlock
 from .configuration_crammed import CrammedConfig
 from .ffn import ACTIVATIONS
 from .norms import ScaleNorm, build_norm
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
+from .rpe import RelativePositionBias
 
 
 class CrammedPreTrainedModel(PreTrainedModel):
@@ -51,12 +53,26 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif hasattr(module, "reset_parameters_"):  # a structured linear layer: its factors, scaled like dense
             module.reset_parameters_(self.init_std_for(module), init.normal_)
+        elif isinstance(module, GMLPBlock):  # the spatial gate starts as the identity on u
+            init.zeros_(module.spatial)
+            init.ones_(module.spatial_bias)
         elif isinstance(module, ScaleNorm):
             init.constant_(module.scale, module.dim**0.5)
         elif isinstance(module, SinusoidalPositions):
             init.copy_(module.table, sinusoid_table(*module.table.shape))
             if isinstance(module, ScaledSinusoidalPositions):
                 init.constant_(module.scale, self.config.hidden_size**-0.5)
+
+
+def build_layers(config) -> list[nn.Module]:
+    """arch.layout cycled over the layers; each block gets its index among blocks of its kind, so attention
+    patterns and rotary_every cycle over the attention blocks."""
+    layers, seen = [], {}
+    for i in range(config.num_layers):
+        kind = config.layout[i % len(config.layout)]
+        layers.append(BLOCKS.get_or_explain(kind)(config, seen.get(kind, 0)))
+        seen[kind] = seen.get(kind, 0) + 1
+    return layers
 
 
 class CrammedModel(CrammedPreTrainedModel):
@@ -66,7 +82,10 @@ class CrammedModel(CrammedPreTrainedModel):
         self.positions = POSITIONS.get_or_explain(config.position)(config)
         self.embedding_norm = build_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(build_layers(config))
+        # T5's relative-position bias: one table shared by all layers, its bias computed once per forward
+        # (rpe_cache) or again in every layer.
+        self.rpe = RelativePositionBias(config) if config.position == "rpe" else None
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.post_init()
 
@@ -86,8 +105,10 @@ class CrammedModel(CrammedPreTrainedModel):
         key_padding_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_padding_mask = attention_mask.bool()
+        shared_bias = self.rpe(input_ids.shape[1]) if self.rpe is not None and self.config.rpe_cache else None
         for layer in self.layers:
-            x = layer(x, key_padding_mask)
+            bias = shared_bias if self.rpe is None or self.config.rpe_cache else self.rpe(input_ids.shape[1])
+            x = layer(x, key_padding_mask, bias)
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
 
 

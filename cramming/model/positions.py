@@ -1,7 +1,7 @@
 """Position schemes by name (`arch.position`).
 
 Each takes the sequence length and returns a (seq_len, hidden) tensor to add to the token embeddings, or None
-for the schemes that act inside attention instead (rotary, alibi: see attention.py).
+for the schemes that act inside attention instead (rotary, alibi, rpe: see attention.py, rpe.py).
 """
 
 import math
@@ -60,6 +60,7 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
 @POSITIONS.register("none")
 @POSITIONS.register("rotary")
 @POSITIONS.register("alibi")
+@POSITIONS.register("rpe")
 class NoPositions(nn.Module):
     """Nothing added to the embeddings: no positions at all (NoPE), or positions applied in attention."""
 

@@ -1,0 +1,70 @@
+"""The gMLP block (Liu et al. 2021, "Pay Attention to MLPs"), a drop-in for a transformer block in `arch.layout`.
+
+Channels go up to ffn_size and split in two halves u and v; v is normalised and mixed across positions by a
+learned (seq x seq) matrix, the spatial gating unit; u * v goes back down to the hidden size. With
+`arch.gmlp_attn_dim` > 0 a tiny single-head attention of that width is added to the gate (aMLP). Causal models
+use the lower triangle of the spatial matrix only.
+"""
+
+import torch
+from torch import nn
+
+from .attention import ATTENTION_KERNELS
+from .ffn import ACTIVATIONS
+from .linear import build_linear
+from .norms import build_norm
+
+
+class TinyAttention(nn.Module):
+    """aMLP's single-head attention, computed from the block input and projected to the gate's width."""
+
+    def __init__(self, config, out_features: int):
+        super().__init__()
+        self.dim = config.gmlp_attn_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * self.dim, bias=config.bias)
+        self.out = nn.Linear(self.dim, out_features, bias=config.bias)
+        self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
+        self.causal = config.objective == "clm"
+
+    def forward(self, x, key_padding_mask=None):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
+        y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal)
+        return self.out(y.squeeze(1))
+
+
+class GMLPBlock(nn.Module):
+    def __init__(self, config, index: int = 0):
+        super().__init__()
+        half = config.ffn_size // 2
+        self.pre_norm = config.norm_position == "pre"
+        self.norm = build_norm(config)
+        self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
+        self.act = ACTIVATIONS.get_or_explain(config.activation)
+        self.gate_norm = build_norm(config, half)
+        # Near-identity start (weights 0, bias 1: the gate passes u through), as the paper recommends.
+        self.spatial = nn.Parameter(torch.zeros(config.max_seq_length, config.max_seq_length))
+        self.spatial_bias = nn.Parameter(torch.ones(config.max_seq_length))
+        self.tiny_attention = TinyAttention(config, half) if config.gmlp_attn_dim > 0 else None
+        self.down = build_linear(config, "ffn", half, config.hidden_size)
+        self.down.residual_output = True
+        self.causal = config.objective == "clm"
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def gate(self, x, key_padding_mask):
+        seq_len = x.shape[1]
+        u, v = self.act(self.up(x)).chunk(2, dim=-1)
+        v = self.gate_norm(v)
+        if key_padding_mask is not None:  # padding must not leak into real positions through the mixing
+            v = v * key_padding_mask[..., None].to(v.dtype)
+        weight = self.spatial[:seq_len, :seq_len]
+        if self.causal:
+            weight = weight.tril()
+        v = torch.einsum("ij,bjd->bid", weight.to(v.dtype), v) + self.spatial_bias[:seq_len, None].to(v.dtype)
+        if self.tiny_attention is not None:
+            v = v + self.tiny_attention(x, key_padding_mask)
+        return self.down(u * v)
+
+    def forward(self, x, key_padding_mask=None, bias=None):
+        if self.pre_norm:
+            return x + self.dropout(self.gate(self.norm(x), key_padding_mask))
+        return self.norm(x + self.dropout(self.gate(x, key_padding_mask)))

@@ -1,0 +1,53 @@
+"""What a query may see and what is added to its scores: the definitions every attention kernel follows.
+
+- key_padding_mask: (batch, seq) bool, True = a real token;
+- causal: a query sees only keys at or before it (decoders);
+- window: a query at i sees keys j with |i - j| <= window (bidirectional), or 0 <= i - j <= window (causal);
+- stepped: fixed blocks of `stepped` tokens; a query sees the keys of its own block and of the previous one;
+- alibi: add -slope_h * |i - j| to the scores of head h (Press et al. 2022, symmetric as in MosaicBERT);
+- bias: any additive (1 or batch, heads, seq, seq) score bias (the T5 relative-position bias);
+- topk: keep only the k largest scores of each query before the softmax (needs the scores: eager only).
+A query that sees no key at all gets a zero output, as PyTorch's SDPA does.
+"""
+
+import math
+
+import torch
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """The geometric slopes of ALiBi: 2^(-8h/n) for n a power of two; otherwise the n' = 2^floor(log2 n) slopes
+    followed by every other slope of 2n' (the paper's recipe for other head counts)."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+    slopes += [2.0 ** (-8.0 * (2 * i + 1) / (2 * n)) for i in range(num_heads - n)]
+    return slopes
+
+
+def visible_keys(seq_len: int, causal: bool, window: int | None, key_padding_mask, device,
+                 stepped: int | None = None) -> torch.Tensor | None:
+    """Which keys each query may see: a bool (batch or 1, 1, seq, seq) tensor, or None when all of them."""
+    if not causal and window is None and key_padding_mask is None and stepped is None:
+        return None
+    pos = torch.arange(seq_len, device=device)
+    offset = pos[:, None] - pos[None, :]  # query index minus key index
+    visible = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
+    if causal:
+        visible &= offset >= 0
+    if window is not None:
+        visible &= offset.abs() <= window
+    if stepped is not None:
+        block_offset = pos[:, None] // stepped - pos[None, :] // stepped
+        visible &= (block_offset == 0) | (block_offset == 1)
+    visible = visible[None, None]
+    if key_padding_mask is not None:
+        visible = visible & key_padding_mask[:, None, None, :].bool()
+    return visible
+
+
+def alibi_bias(seq_len: int, num_heads: int, device) -> torch.Tensor:
+    """(1, heads, seq, seq) fp32: -slope_h * |i - j|."""
+    pos = torch.arange(seq_len, device=device)
+    distance = (pos[:, None] - pos[None, :]).abs().float()
+    slopes = torch.tensor(alibi_slopes(num_heads), device=device)
+    return (-slopes[:, None, None] * distance)[None]

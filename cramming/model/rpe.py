@@ -1,0 +1,39 @@
+"""T5's relative-position bias (`arch.position=rpe`): a learned scalar per head for each bucket of relative
+distance, added to the attention scores. Small distances get a bucket each, larger ones share logarithmically
+wider buckets up to `rpe_max_distance`, beyond which all share the last. Bidirectional models split the buckets
+between keys before and after the query; causal models only look back."""
+
+import math
+
+import torch
+from torch import nn
+
+
+def relative_buckets(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
+    """Bucket index for each relative position (key index minus query index)."""
+    offset = 0
+    if bidirectional:
+        num_buckets //= 2
+        offset = (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp_min(0)
+    exact = num_buckets // 2
+    log_ratio = torch.log(distance.float().clamp_min(1) / exact) / math.log(max_distance / exact)
+    far = (exact + (log_ratio * (num_buckets - exact)).long()).clamp_max(num_buckets - 1)
+    return offset + torch.where(distance < exact, distance, far)
+
+
+class RelativePositionBias(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.bidirectional = config.objective != "clm"
+        self.num_buckets, self.max_distance = config.rpe_buckets, config.rpe_max_distance
+        self.embedding = nn.Embedding(config.rpe_buckets, config.num_heads)
+
+    def forward(self, seq_len: int) -> torch.Tensor:
+        """(1, heads, seq, seq) bias."""
+        pos = torch.arange(seq_len, device=self.embedding.weight.device)
+        buckets = relative_buckets(pos[None, :] - pos[:, None], self.bidirectional, self.num_buckets,
+                                   self.max_distance)
+        return self.embedding(buckets).permute(2, 0, 1)[None]
