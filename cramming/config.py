@@ -106,6 +106,15 @@ class DataConfig:
 
 
 @dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | lion | muon | sgd (lr, betas, eps, weight_decay: train.*)
+    momentum: float = 0.9  # sgd
+    nesterov: bool = True  # sgd, muon
+    muon_lr: float = 0.02  # muon: peak lr of the hidden matrices (the rest use train.lr with AdamW)
+    muon_momentum: float = 0.95
+
+
+@dataclass
 class TrainConfig:
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.98)
@@ -114,13 +123,22 @@ class TrainConfig:
     grad_clip: float | None = 0.5
     batch_size: int = 8192  # sequences per optimizer step, reached at the end of the ramp
     batch_ramp: float = 0.6  # budget fraction over which the batch grows linearly; 0 = full batch from the start
-    schedule: str = "budget-triangle"
+    schedule: str = "budget-triangle"  # budget-{triangle,cosine,linear,wsd}, constant; step-* twins need max_steps
+    warmup: float = 0.1  # cosine, linear, wsd: share of the run spent warming up linearly from 0
+    cooldown: float = 0.2  # wsd: final share of the run decaying linearly to 0
+    optim: OptimConfig = field(default_factory=OptimConfig)
     max_steps: int | None = None  # null = the budget alone ends the run
     mask_prob: float = 0.25
     mask_token_share: float = 0.8  # of the masked positions: [MASK]; the rest split evenly random / unchanged
     validation_sequences: int = 2048
     log_every: int = 1
     tensorboard: bool = False
+    checkpoint_every_minutes: float | None = 30.0  # null = only when stopped by a signal
+    keep_checkpoints: int = 2
+    resume: str = "auto"  # auto | never | a checkpoints/step-<n> folder
+    nonfinite: str = "skip"  # skip | halt | rollback
+    max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
+    rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
 
 
 @dataclass
@@ -181,7 +199,8 @@ def validate(c: PretrainConfig) -> None:
     from .model.linear import LINEARS, block_projections, linear_problem
     from .model.norms import NORMS
     from .model.positions import POSITIONS
-    from .train.schedule import SCHEDULES
+    from .train.optim import optimizer_problem
+    from .train.schedule import SCHEDULES, schedule_problem
 
     a, d, t, i = c.arch, c.data, c.train, c.impl
     check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
@@ -264,12 +283,27 @@ def validate(c: PretrainConfig) -> None:
     check(t.batch_size > 0, "train.batch_size", t.batch_size, "must be > 0")
     check(0 <= t.batch_ramp < 1, "train.batch_ramp", t.batch_ramp, "must be in [0, 1)")
     check_choice("train.schedule", t.schedule, SCHEDULES)
+    problem = schedule_problem(t.schedule, t.warmup, t.cooldown, t.max_steps) or optimizer_problem(t.optim.name)
+    if problem:
+        raise UserError(problem)
+    if t.optim.name == "sgd":
+        check(0 <= t.optim.momentum < 1, "train.optim.momentum", t.optim.momentum, "must be in [0, 1)")
+    if t.optim.name == "muon":
+        check(t.optim.muon_lr > 0, "train.optim.muon_lr", t.optim.muon_lr, "must be > 0")
+        check(0 <= t.optim.muon_momentum < 1, "train.optim.muon_momentum", t.optim.muon_momentum, "must be in [0, 1)")
     if t.max_steps is not None:
         check(t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
     check(0 < t.mask_prob < 1, "train.mask_prob", t.mask_prob, "must be in (0, 1)")
     check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
     check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
     check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
+    if t.checkpoint_every_minutes is not None:
+        check(t.checkpoint_every_minutes > 0, "train.checkpoint_every_minutes", t.checkpoint_every_minutes,
+              "must be > 0 or null")
+    check(t.keep_checkpoints >= 1, "train.keep_checkpoints", t.keep_checkpoints, "must be >= 1")
+    check_choice("train.nonfinite", t.nonfinite, ("skip", "halt", "rollback"))
+    check(t.max_skipped >= 1, "train.max_skipped", t.max_skipped, "must be >= 1")
+    check(0 < t.rollback_lr_factor <= 1, "train.rollback_lr_factor", t.rollback_lr_factor, "must be in (0, 1]")
     if t.tensorboard:
         check(importlib.util.find_spec("tensorboard") is not None, "train.tensorboard", t.tensorboard,
               "needs the tensorboard package: pip install 'cramming[tensorboard]'")

@@ -10,6 +10,11 @@ import torch
 from .errors import UserError
 
 
+# Dense bf16 tensor-core peaks from the vendor datasheets, most specific names first.
+PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0),
+               ("A6000", 154.8), ("L40S", 362.0), ("L4", 121.0)]
+
+
 @dataclass
 class Runtime:
     device: torch.device
@@ -24,6 +29,16 @@ class Runtime:
             return contextlib.nullcontext
         dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
         return functools.partial(torch.autocast, self.device.type, dtype=dtype)
+
+    def peak_flops(self) -> float | None:
+        """The device's datasheet dense bf16/fp16 tensor-core peak, for MFU; None where unknown (CPUs, fp32)."""
+        if self.device.type != "cuda" or self.precision == "fp32":
+            return None
+        name = torch.cuda.get_device_name(self.device)
+        for key, tflops in PEAK_TFLOPS:
+            if key in name:
+                return tflops * 1e12
+        return None
 
     def grad_scaler(self):
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")

@@ -22,6 +22,8 @@ from .train.flops import forward_flops_per_token
 from .train.metrics import MetricsLog
 from .train.objectives import build_objective
 from .train.optim import build_optimizer
+from .train.resume import Checkpointer, find_resume, load_checkpoint
+from .train.state import TrainState
 from .train.trainer import Budget, train
 
 
@@ -86,17 +88,34 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
           f"compile {runtime.compile}, attention {runtime.attention}, rotary {runtime.rotary}", flush=True)
     model.to(runtime.device)
     optimizer = build_optimizer(model, config.train, runtime.device)
+    scaler = runtime.grad_scaler()
+    generator = torch.Generator(device=runtime.device).manual_seed(config.seed)  # masking draws
+    checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
+                                json.loads(json.dumps(asdict(config))))
+    state = TrainState()
+    resume_from = find_resume(config.train.resume, run_dir, config)
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer, scaler, generator)
+        carry_metrics(resume_from, run_dir, state.step)
+        print(f"resuming from {resume_from}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent",
+              flush=True)
     step_model = torch.compile(model) if runtime.compile else model
     microbatch = microbatch_size(config)
     batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch,
-                            config.impl.num_workers, pin_memory=runtime.device.type == "cuda")
+                            config.impl.num_workers, pin_memory=runtime.device.type == "cuda",
+                            start=state.sequences)
     setup_seconds = time.time() - setup_start
 
     eval_start = time.time()
     autocast = runtime.autocast()
     objective = build_objective(config.arch.objective, config.train, meta, runtime.device)
     val_batch = microbatch
-    untrained = validation_metrics(model, objective, folder, meta, config.train, val_batch, runtime.device, autocast)
+    if not state.untrained:
+        state.untrained = validation_metrics(model, objective, folder, meta, config.train, val_batch,
+                                             runtime.device, autocast)
+        if config.train.nonfinite == "rollback":  # a rollback needs somewhere to go from the first step on
+            checkpointer.save(model, optimizer, scaler, state, generator)
+    untrained = state.untrained
     eval_seconds = time.time() - eval_start
     print(f"untrained validation loss {untrained['val_loss']:.4f}", flush=True)
 
@@ -104,7 +123,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     try:
         result = train(step_model, optimizer, batches, objective, meta, config.train, microbatch,
                        Budget(config.budget * 3600, config.train.max_steps), runtime.device, autocast,
-                       runtime.grad_scaler(), log)
+                       scaler, log, state, generator, checkpointer)
         eval_start = time.time()
         final = validation_metrics(model, objective, folder, meta, config.train, val_batch, runtime.device, autocast)
         eval_seconds += time.time() - eval_start
@@ -114,6 +133,8 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     print(f"validation loss {final['val_loss']:.4f} (untrained {untrained['val_loss']:.4f}), "
           f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
 
+    peak = runtime.peak_flops()
+    mfu = 3 * flops * result["tokens_per_s"] / peak if peak else None
     summary = {
         "name": config.name,
         "parameters": parameters,
@@ -121,15 +142,20 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
         "steps": result["steps"],
         "tokens": result["tokens"],
         "tokens_per_s": result["tokens_per_s"],
+        "mfu": mfu,  # model FLOPs (3 x forward per token) over the device's peak; null where the peak is unknown
         "final_train_loss": result["final_train_loss"],
         "val_loss": final["val_loss"],
         "val_accuracy": final["val_accuracy"],
         "untrained_val_loss": untrained["val_loss"],
         "untrained_val_accuracy": untrained["val_accuracy"],
+        "skipped_steps": result["skipped_steps"],
+        "rollbacks": result["rollbacks"],
+        "resumed_from": str(resume_from) if resume_from else None,
         "wall_seconds": {
             "setup": round(setup_seconds, 3),
             "compile": round(result["compile_seconds"], 3),
             "train": round(result["train_seconds"] - result["compile_seconds"], 3),
+            "checkpoint": round(result["checkpoint_seconds"], 3),
             "eval": round(eval_seconds, 3),
         },
         "budget_hours": config.budget,
@@ -142,5 +168,20 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     }
     path = save_checkpoint(model, tokenizer, summary, run_dir)
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    if mfu is not None:
+        print(f"model FLOP utilisation {100 * mfu:.1f} % of {peak / 1e12:.0f} TFLOP/s", flush=True)
     print(f"checkpoint: {path}", flush=True)
     return summary
+
+
+def carry_metrics(checkpoint: Path, run_dir: Path, step: int) -> None:
+    """Resuming from another launch's folder: copy its metrics up to the checkpoint, so one log tells the run."""
+    source = Path(checkpoint).parents[1] / "metrics.jsonl"
+    target = Path(run_dir) / "metrics.jsonl"
+    if source.resolve() == target.resolve() or not source.is_file():
+        if target.is_file():  # same folder: drop what was logged after the checkpoint
+            kept = [line for line in target.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+            target.write_text("".join(line + "\n" for line in kept))
+        return
+    kept = [line for line in source.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+    target.write_text("".join(line + "\n" for line in kept))

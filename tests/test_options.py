@@ -12,6 +12,7 @@ from cramming.config import load_config
 from cramming.data.tokenizer import train_tokenizer
 from cramming.errors import UserError
 from cramming.pretraining import pretrain
+from cramming.train.resume import complete_checkpoints
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -30,6 +31,12 @@ def config_for(*overrides):
     ["impl.precision=fp16"],
     ["impl.num_workers=1"],
     ["train.log_every=2", "train.schedule=budget-cosine"],
+    ["train.optim.name=lion", "train.lr=1e-4", "train.schedule=budget-wsd", "train.cooldown=0.5"],
+    ["train.optim.name=muon", "train.schedule=step-cosine", "train.warmup=0.3"],
+    ["train.optim.name=sgd", "train.optim.momentum=0.8", "train.optim.nesterov=false", "train.lr=0.05",
+     "train.schedule=budget-linear", "train.warmup=0"],
+    ["train.schedule=step-wsd", "train.nonfinite=rollback", "train.rollback_lr_factor=0.25",
+     "train.checkpoint_every_minutes=0.0001", "train.keep_checkpoints=1"],
     ["arch.position=learned", "impl.attention=eager", "arch.norm=rmsnorm"],
     ["arch.norm=scalenorm", "arch.qk_norm=true", "arch.init=megatron-scaled", "arch.init_std=0.03"],
     ["arch.init=small"],
@@ -58,6 +65,8 @@ def config_for(*overrides):
 def test_recipe_runs_with(overrides, tmp_path):
     summary = pretrain(config_for(*overrides), tmp_path)
     assert summary["steps"] == 3 and summary["flops_per_token"] > 0
+    if "train.keep_checkpoints=1" in overrides:  # saved after every step, only the newest kept
+        assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000003"]
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     logged_steps = [r["step"] for r in records if "loss" in r]

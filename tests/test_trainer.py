@@ -12,6 +12,8 @@ from cramming.data.prepare import prepare_data
 from cramming.pretraining import build_model
 from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
+from cramming.train.resume import Checkpointer
+from cramming.train.state import TrainState
 from cramming.train.trainer import Budget, train
 
 
@@ -30,7 +32,7 @@ def sanity_data(tmp_path_factory):
     return prepare_data(cfg)
 
 
-def run(data, budget, train_cfg, microbatch=8, seed=0):
+def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-never-written"):
     folder, meta = data
     torch.manual_seed(seed)
     arch = ArchConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_size=128, max_seq_length=32)
@@ -41,8 +43,10 @@ def run(data, budget, train_cfg, microbatch=8, seed=0):
     log = ListLog()
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     objective = build_objective("mlm", train_cfg, meta, cpu)
+    generator = torch.Generator().manual_seed(seed)
+    checkpointer = Checkpointer(tmp_dir, None, 1, {})
     result = train(model, optimizer, batches, objective, meta, train_cfg, microbatch, budget, cpu,
-                   contextlib.nullcontext, scaler, log)
+                   contextlib.nullcontext, scaler, log, TrainState(), generator, checkpointer)
     return result, log.records
 
 

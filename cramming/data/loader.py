@@ -25,18 +25,21 @@ def epoch_order(folder: Path, num_sequences: int, ordering: str, seed: int, epoc
 
 
 class EndlessOrder(Sampler):
-    def __init__(self, folder: Path, num_sequences: int, ordering: str, seed: int):
-        self.folder, self.n, self.ordering, self.seed = folder, num_sequences, ordering, seed
+    """Epoch after epoch of the configured order, starting `start` sequences into the stream (a resumed run
+    continues exactly where it stopped, without replaying or skipping a sequence)."""
+
+    def __init__(self, folder: Path, num_sequences: int, ordering: str, seed: int, start: int = 0):
+        self.folder, self.n, self.ordering, self.seed, self.start = folder, num_sequences, ordering, seed, start
 
     def __iter__(self):
-        epoch = 0
+        epoch, offset = divmod(self.start, self.n)
         while True:
-            yield from epoch_order(self.folder, self.n, self.ordering, self.seed, epoch).tolist()
-            epoch += 1
+            yield from epoch_order(self.folder, self.n, self.ordering, self.seed, epoch)[offset:].tolist()
+            epoch, offset = epoch + 1, 0
 
 
 def train_batches(folder: Path, meta: dict, ordering: str, seed: int, microbatch_size: int, num_workers: int,
-                  pin_memory: bool):
+                  pin_memory: bool, start: int = 0):
     data = open_split(folder, meta, "train")
     if len(data) < microbatch_size:
         raise UserError(f"only {len(data)} training sequences, fewer than one microbatch "
@@ -44,7 +47,7 @@ def train_batches(folder: Path, meta: dict, ordering: str, seed: int, microbatch
     loader = DataLoader(
         data,
         batch_size=microbatch_size,
-        sampler=EndlessOrder(folder, len(data), ordering, seed),
+        sampler=EndlessOrder(folder, len(data), ordering, seed, start),
         drop_last=True,
         num_workers=num_workers,
         pin_memory=pin_memory,

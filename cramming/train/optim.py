@@ -1,13 +1,121 @@
-"""AdamW with weight decay on matrices only (not on norms, biases, or the position scale)."""
+"""Optimizers by name (train.optim.name), all with weight decay on matrices only (not on norms, biases, or the
+position scale).
+
+Every param group carries "base_lr", its peak learning rate: the trainer sets group["lr"] = group["base_lr"] *
+schedule(...) before each step, so groups with different peaks (Muon's matrices, AdamW's rest) share one schedule.
+"""
 
 import torch
 
+from ..errors import UserError
+from ..model.registry import Registry
+from .lion import Lion
+
+OPTIMIZERS = Registry("optimizer")
+
 
 def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """The optimizer that cfg.optim.name names, over the trainable parameters of `model` (cfg: TrainConfig)."""
+    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    return OPTIMIZERS.get_or_explain(cfg.optim.name)(model, cfg)
+
+
+def optimizer_problem(name: str) -> str | None:
+    """What stops this optimizer from running here, in one line for the user, or None."""
+    if name not in OPTIMIZERS:
+        return f"train.optim.name={name!r} is not a valid option; choose one of: {', '.join(sorted(OPTIMIZERS))}"
+    if name == "muon" and not hasattr(torch.optim, "Muon"):
+        return f"train.optim.name=muon needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
+    return None
+
+
+def decay_groups(params, cfg, lr: float) -> list[dict]:
+    """Trainable `params` split into a weight-decay group (ndim >= 2) and one without; empty groups dropped."""
+    params = [p for p in params if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return [{**group, "lr": lr, "base_lr": lr} for group in groups if group["params"]]
+
+
+def fused_adamw(params, cfg) -> torch.optim.AdamW:
     # The fused kernel (CUDA and CPU) updates all tensors in one pass instead of one small op per tensor.
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+    return torch.optim.AdamW(decay_groups(params, cfg, cfg.lr), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             fused=True)
+
+
+@OPTIMIZERS.register("adamw")
+def adamw(model, cfg):
+    return fused_adamw(model.parameters(), cfg)
+
+
+@OPTIMIZERS.register("sgd")
+def sgd(model, cfg):
+    """SGD with (Nesterov) momentum; its weight decay is the classic L2 term added to the gradient."""
+    momentum = cfg.optim.momentum
+    return torch.optim.SGD(decay_groups(model.parameters(), cfg, cfg.lr), lr=cfg.lr, momentum=momentum,
+                           nesterov=cfg.optim.nesterov and momentum > 0)
+
+
+@OPTIMIZERS.register("lion")
+def lion(model, cfg):
+    """Lion with train.betas; it wants a smaller train.lr than AdamW (see lion.py)."""
+    return Lion(decay_groups(model.parameters(), cfg, cfg.lr), lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def hidden_matrices(model) -> list[torch.nn.Parameter]:
+    """Muon's share: the 2-D weights inside the blocks (model.encoder.layers). The embeddings, the output head,
+    norms, biases, and the 3-D/4-D factors of structured linear layers (monarch, btt) stay with AdamW."""
+    blocks = getattr(getattr(model, "encoder", None), "layers", None)
+    if blocks is None:
+        raise ValueError(f"muon needs the blocks at model.encoder.layers; {type(model).__name__} has none")
+    return [p for p in blocks.parameters() if p.ndim == 2 and p.requires_grad]
+
+
+@OPTIMIZERS.register("muon")
+def muon(model, cfg):
+    """Muon (Jordan et al. 2024: momentum orthogonalised by a Newton-Schulz iteration) for the blocks' matrices at
+    peak lr optim.muon_lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""
+    if problem := optimizer_problem("muon"):
+        raise UserError(problem)
+    matrices = hidden_matrices(model)
+    if not matrices:
+        raise UserError("train.optim.name=muon found no 2-D matrices in the blocks (structured linear layers keep "
+                        "their weights in 3-D+ factors); choose another train.optim.name")
+    taken = set(matrices)
+    rest = [p for p in model.parameters() if p not in taken]
+    o = cfg.optim
+    hidden = torch.optim.Muon([{"params": matrices, "lr": o.muon_lr, "base_lr": o.muon_lr}], lr=o.muon_lr,
+                              weight_decay=cfg.weight_decay, momentum=o.muon_momentum, nesterov=o.nesterov)
+    return Combined(hidden, fused_adamw(rest, cfg))
+
+
+class Combined(torch.optim.Optimizer):
+    """Optimizers over disjoint parameters, driven as one by the trainer, GradScaler and checkpoints.
+
+    Its param_groups are the parts' own group dicts and its state is the one dict all parts write to, so
+    Optimizer's zero_grad, state_dict and load_state_dict cover every part. load_state_dict builds new groups and
+    a new state, which `share` then hands back to the parts."""
+
+    def __init__(self, *parts: torch.optim.Optimizer):
+        self.parts = parts
+        super().__init__([group for part in parts for group in part.param_groups], defaults={})
+        self.share()
+
+    def share(self) -> None:
+        groups = iter(self.param_groups)
+        for part in self.parts:
+            part.param_groups = [next(groups) for _ in part.param_groups]
+            part.state = self.state
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for part in self.parts:
+            part.step()
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.share()

@@ -1,7 +1,13 @@
-"""Learning-rate schedules and the batch ramp, as functions of the elapsed budget fraction in [0, 1].
+"""Learning-rate schedules and the batch ramp, as functions of the run's progress in [0, 1].
 
-Driving them by wall-clock fraction rather than by step count is what makes a run end on time whatever
-the hardware: a faster machine simply takes more steps along the same curve.
+Every schedule maps (progress, warmup, cooldown) to a multiplier of the peak learning rate in [0, 1]; warmup and
+cooldown are shares of the run. The budget-* schedules (and `constant`) are fed the elapsed budget fraction:
+driving them by wall-clock rather than by step count is what makes a run end on time whatever the hardware,
+since a faster machine simply takes more steps along the same curve. Their step-* twins have the same shapes
+but are fed step / train.max_steps, for runs that should see a fixed number of tokens.
+
+The trainer evaluates the schedule *before* each step, at the progress reached so far, so the first step sees
+progress 0. A warm-up that started at exactly 0 would make that step a no-op; it starts at WARMUP_FLOOR instead.
 """
 
 import math
@@ -9,27 +15,89 @@ import math
 from ..model.registry import Registry
 
 SCHEDULES = Registry("schedule")
+WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
+
+
+def warm(progress: float, warmup: float) -> float:
+    """Linear warm-up from 0 to 1 over the first `warmup` of the run (floored at WARMUP_FLOOR)."""
+    return max(progress / warmup, WARMUP_FLOOR)
+
+
+def decayed(progress: float, warmup: float) -> float:
+    """How far the decay after the warm-up has got: 0 at its start, 1 at the end of the run."""
+    return min(1.0, max(0.0, (progress - warmup) / (1.0 - warmup)))
 
 
 @SCHEDULES.register("budget-triangle")
-def budget_triangle(fraction: float) -> float:
-    """Cramming's "budget-triangle2": 25 % of peak at the start, peak at 75 % of the budget, 0 at the end."""
-    if fraction <= 0.75:
-        return 0.25 + 0.75 * fraction / 0.75
-    return max(0.0, (1.0 - fraction) / 0.25)
+def budget_triangle(progress: float, warmup: float, cooldown: float) -> float:
+    """Cramming's "budget-triangle2": 25 % of peak at the start, peak at 75 %, 0 at the end (warmup, cooldown unused)."""
+    if progress <= 0.75:
+        return 0.25 + 0.75 * progress / 0.75
+    return max(0.0, (1.0 - progress) / 0.25)
 
 
 @SCHEDULES.register("budget-cosine")
-def budget_cosine(fraction: float) -> float:
-    """Cosine from peak to 0 over the budget, after a warm-up over its first 10 %."""
-    if fraction < 0.1:
-        return fraction / 0.1
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (fraction - 0.1) / 0.9)))
+def budget_cosine(progress: float, warmup: float, cooldown: float) -> float:
+    """Warm-up, then a cosine from peak to 0 at the end."""
+    if progress < warmup:
+        return warm(progress, warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * decayed(progress, warmup)))
+
+
+@SCHEDULES.register("budget-linear")
+def budget_linear(progress: float, warmup: float, cooldown: float) -> float:
+    """Warm-up, then a straight line from peak to 0 at the end."""
+    if progress < warmup:
+        return warm(progress, warmup)
+    return 1.0 - decayed(progress, warmup)
+
+
+@SCHEDULES.register("budget-wsd")
+def budget_wsd(progress: float, warmup: float, cooldown: float) -> float:
+    """Warmup-stable-decay: warm-up, hold the peak, then decay linearly to 0 over the final `cooldown` share.
+
+    The long plateau makes any point of it a good place to branch off a shorter run with its own cool-down."""
+    if progress < warmup:
+        return warm(progress, warmup)
+    if cooldown > 0 and progress > 1.0 - cooldown:
+        return max(0.0, (1.0 - progress) / cooldown)
+    return 1.0
 
 
 @SCHEDULES.register("constant")
-def constant(fraction: float) -> float:
+def constant(progress: float, warmup: float, cooldown: float) -> float:
+    """The peak throughout, after the warm-up (warmup=0 for none)."""
+    if progress < warmup:
+        return warm(progress, warmup)
     return 1.0
+
+
+# Same shapes, but the trainer feeds them step / train.max_steps instead of the budget fraction.
+STEP_TWINS = {"step-triangle": "budget-triangle", "step-cosine": "budget-cosine", "step-linear": "budget-linear",
+              "step-wsd": "budget-wsd", "step-constant": "constant"}
+for _twin, _original in STEP_TWINS.items():
+    SCHEDULES.register(_twin)(SCHEDULES[_original])
+
+
+def progress_by_steps(name: str) -> bool:
+    """True when the schedule runs on step / train.max_steps rather than on the budget fraction."""
+    return name in STEP_TWINS
+
+
+def schedule_problem(name: str, warmup: float, cooldown: float, max_steps: int | None) -> str | None:
+    """What is wrong with this schedule setting, in one line for the user, or None."""
+    if name not in SCHEDULES:
+        return f"train.schedule={name!r} is not a valid option; choose one of: {', '.join(sorted(SCHEDULES))}"
+    if not 0 <= warmup < 1:
+        return f"train.warmup={warmup!r} is invalid: must be in [0, 1) (a share of the run)"
+    if not 0 <= cooldown < 1:
+        return f"train.cooldown={cooldown!r} is invalid: must be in [0, 1) (a share of the run)"
+    if name.endswith("-wsd") and warmup + cooldown > 1:
+        return (f"train.warmup + train.cooldown = {warmup + cooldown:g} is invalid for train.schedule={name}: "
+                f"the warm-up and the cool-down must fit in the run (sum <= 1)")
+    if progress_by_steps(name) and not max_steps:
+        return f"train.schedule={name} needs train.max_steps (it runs on step / max_steps), or use a budget-* schedule"
+    return None
 
 
 def batch_size_at(fraction: float, batch_size: int, microbatch_size: int, ramp: float) -> int:

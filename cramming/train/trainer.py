@@ -1,9 +1,12 @@
-"""The budget loop: train until the wall-clock budget (or train.max_steps) is spent.
+"""The budget loop: train until the wall-clock budget (or train.max_steps) is spent, losing nothing on the way.
 
-Everything that changes over a run, the learning rate and the batch size, is a function of the
-elapsed budget fraction, read from the clock at each optimizer step. The clock starts when this loop
-starts (data and model are ready); the first step, which carries torch.compile's work, is timed and
-reported separately but counts against the budget like everything else.
+Everything that changes over a run, the learning rate and the batch size, is a function of the elapsed budget
+fraction read from the clock at each optimizer step (or of step / max_steps for the step-* schedules). The clock
+starts when this loop starts (data and model are ready) and continues from the saved elapsed time on resume.
+
+Between steps the loop may checkpoint (every train.checkpoint_every_minutes, and when a stop signal arrived).
+Before each optimizer step it checks the loss and gradient norm: a non-finite value is skipped, halts the run,
+or rolls back to the last checkpoint with a lower learning rate (train.nonfinite).
 """
 
 import math
@@ -13,7 +16,12 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from .schedule import SCHEDULES, batch_size_at
+from ..errors import RunStopped
+from .resume import load_weights
+from .schedule import SCHEDULES, batch_size_at, progress_by_steps
+from .signals import EXIT_PREEMPTED, StopFlag
+
+EXIT_NONFINITE = 3
 
 
 @dataclass
@@ -27,76 +35,126 @@ class Budget:
         return min(1.0, max(by_time, by_steps))
 
 
-def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatch_size: int, budget: Budget, device,
-          autocast, scaler, log) -> dict:
-    schedule = SCHEDULES.get_or_explain(cfg_train.schedule)
-    seq_len = meta["seq_length"]
-    generator = torch.Generator(device=device).manual_seed(torch.initial_seed() % 2**63)
-    model.train()
+def set_learning_rate(optimizer, factor: float) -> None:
+    """Every group follows the schedule from its own peak (muon's matrices and its AdamW part differ)."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["base_lr"] * factor
 
-    step, tokens, loss_value, first_step_seconds = 0, 0, float("nan"), 0.0
+
+def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatch_size: int, budget: Budget,
+          device, autocast, scaler, log, state, generator, checkpointer) -> dict:
+    """Train from `state` (fresh or resumed) until the budget is spent. Raises RunStopped on a stop signal
+    (after checkpointing) or when train.nonfinite gives up."""
+    schedule = SCHEDULES.get_or_explain(cfg_train.schedule)
+    by_steps = progress_by_steps(cfg_train.schedule)
+    seq_len = meta["seq_length"]
+    model.train()
     bar = tqdm(total=100, desc="training", bar_format="{l_bar}{bar}| {n:.1f}% [{elapsed}<{remaining}]{postfix}",
                mininterval=1)
-    start = time.perf_counter()
-    while (fraction := budget.fraction(time.perf_counter() - start, step)) < 1.0:
-        step_start = time.perf_counter()
-        batch_size = batch_size_at(fraction, cfg_train.batch_size, microbatch_size, cfg_train.batch_ramp)
-        accumulation = batch_size // microbatch_size
-        lr = cfg_train.lr * schedule(fraction)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+    start = time.perf_counter() - state.elapsed
+    with StopFlag() as stop:
+        while (fraction := budget.fraction(time.perf_counter() - start, state.step)) < 1.0:
+            step_start = time.perf_counter()
+            progress = state.step / budget.max_steps if by_steps else fraction
+            batch_size = batch_size_at(progress, cfg_train.batch_size, microbatch_size, cfg_train.batch_ramp)
+            accumulation = batch_size // microbatch_size
+            factor = schedule(progress, cfg_train.warmup, cfg_train.cooldown) * state.lr_scale
+            set_learning_rate(optimizer, factor)
+            lr = cfg_train.lr * factor  # logged: the train.lr groups' learning rate
 
-        step_loss = torch.zeros((), device=device)
-        done = 0
-        while done < accumulation:
-            batch = next(batches).to(device, non_blocking=True)
-            inputs, labels = objective.batch(batch, generator)
-            with autocast():
-                loss = model(input_ids=inputs, labels=labels).loss / accumulation
-            scaler.scale(loss).backward()
-            step_loss += loss.detach()
-            done += 1
-            if time.perf_counter() - start >= budget.seconds:
-                break  # out of time inside a large accumulated step: take it with what is there
-        if done < accumulation:  # rescale so the update is the mean over the microbatches actually seen
-            for param in model.parameters():
-                if param.grad is not None:
-                    param.grad.mul_(accumulation / done)
-            step_loss *= accumulation / done
-            batch_size = done * microbatch_size
+            step_loss = torch.zeros((), device=device)
+            done = 0
+            while done < accumulation:
+                batch = next(batches).to(device, non_blocking=True)
+                state.sequences += microbatch_size
+                inputs, labels = objective.batch(batch, generator)
+                with autocast():
+                    loss = model(input_ids=inputs, labels=labels).loss / accumulation
+                scaler.scale(loss).backward()
+                step_loss += loss.detach()
+                done += 1
+                if time.perf_counter() - start >= budget.seconds:
+                    break  # out of time inside a large accumulated step: take it with what is there
+            if done < accumulation:  # rescale so the update is the mean over the microbatches actually seen
+                for param in model.parameters():
+                    if param.grad is not None:
+                        param.grad.mul_(accumulation / done)
+                step_loss *= accumulation / done
+                batch_size = done * microbatch_size
 
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_train.grad_clip or math.inf)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens += batch_size * seq_len
+            scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_train.grad_clip or math.inf)
+            # One host sync per step: the price of never applying a NaN. With fp16 the grad scaler owns
+            # non-finite gradients (it skips the step and lowers its scale), so only the loss is ours to check.
+            finite = torch.isfinite(step_loss) & (torch.isfinite(grad_norm) | torch.tensor(scaler.is_enabled()))
+            if not bool(finite):
+                optimizer.zero_grad(set_to_none=True)
+                handle_nonfinite(cfg_train, state, step_loss, grad_norm, model, optimizer, scaler, checkpointer, log)
+                continue
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            state.skipped_in_row = 0
+            state.tokens += batch_size * seq_len
 
-        if step == 1:
-            first_step_seconds = time.perf_counter() - step_start
-        if step % cfg_train.log_every == 0:
-            loss_value = step_loss.item()  # the only host sync of the step, and only on logging steps
-            step_seconds = time.perf_counter() - step_start
-            elapsed = time.perf_counter() - start
-            log.log({
-                "step": step, "loss": loss_value, "lr": lr, "batch_size": batch_size, "tokens": tokens,
-                "tokens_per_s": batch_size * seq_len / step_seconds, "grad_norm": float(grad_norm),
-                "elapsed_s": round(elapsed, 3), "budget_fraction": round(budget.fraction(elapsed, step), 5),
-            })
-            bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} batch {batch_size}", refresh=False)
-        bar.n = round(100 * budget.fraction(time.perf_counter() - start, step), 1)
-        bar.refresh()
-    train_seconds = time.perf_counter() - start
+            if state.step == 1 and state.compile_seconds == 0.0:
+                state.compile_seconds = time.perf_counter() - step_start
+            if state.step % cfg_train.log_every == 0:
+                state.last_loss = step_loss.item()
+                elapsed = time.perf_counter() - start
+                log.log({
+                    "step": state.step, "loss": state.last_loss, "lr": lr, "batch_size": batch_size,
+                    "tokens": state.tokens, "tokens_per_s": batch_size * seq_len / (time.perf_counter() - step_start),
+                    "grad_norm": float(grad_norm), "elapsed_s": round(elapsed, 3),
+                    "budget_fraction": round(budget.fraction(elapsed, state.step), 5),
+                })
+                bar.set_postfix_str(f"loss {state.last_loss:.3f} lr {lr:.2e} batch {batch_size}", refresh=False)
+            state.elapsed = time.perf_counter() - start
+            if stop.signal is not None or checkpointer.due():
+                saved = checkpointer.save(model, optimizer, scaler, state, generator)
+                if stop.signal is not None:
+                    bar.close()
+                    raise RunStopped(f"stopped by {stop.signal} at step {state.step}; checkpoint {saved}; run the "
+                                     "same command again to resume (train.resume=auto)", EXIT_PREEMPTED)
+            bar.n = round(100 * budget.fraction(time.perf_counter() - start, state.step), 1)
+            bar.refresh()
+    state.elapsed = time.perf_counter() - start
     bar.n = 100
     bar.close()
-    if step % cfg_train.log_every:
-        loss_value = step_loss.item()
+    if state.step and state.step % cfg_train.log_every:
+        state.last_loss = step_loss.item()
+    train_seconds = state.elapsed - state.checkpoint_seconds
     return {
-        "steps": step,
-        "tokens": tokens,
-        "final_train_loss": loss_value,
+        "steps": state.step,
+        "tokens": state.tokens,
+        "final_train_loss": state.last_loss,
         "train_seconds": train_seconds,
-        "compile_seconds": first_step_seconds,
-        "tokens_per_s": tokens / train_seconds if train_seconds else 0.0,
+        "compile_seconds": state.compile_seconds,
+        "checkpoint_seconds": state.checkpoint_seconds,
+        "tokens_per_s": state.tokens / train_seconds if train_seconds > 0 else 0.0,
+        "skipped_steps": state.skipped,
+        "rollbacks": state.rollbacks,
     }
+
+
+def handle_nonfinite(cfg_train, state, loss, grad_norm, model, optimizer, scaler, checkpointer, log) -> None:
+    """train.nonfinite: skip the step (halting after max_skipped in a row), halt, or roll back."""
+    what = f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient norm'} before step {state.step + 1}"
+    if cfg_train.nonfinite == "halt":
+        raise RunStopped(f"{what} (train.nonfinite=halt); last checkpoint: {checkpointer.latest()}", EXIT_NONFINITE)
+    if cfg_train.nonfinite == "rollback":
+        latest = checkpointer.latest()
+        load_weights(latest, model, optimizer, scaler)
+        state.rollbacks += 1
+        state.lr_scale *= cfg_train.rollback_lr_factor
+        log.log({"step": state.step, "event": "rollback", "reason": what, "checkpoint": str(latest),
+                 "lr_scale": state.lr_scale})
+        print(f"{what}: rolled back to {latest}, learning rate now x{state.lr_scale:g}", flush=True)
+        return
+    state.skipped += 1
+    state.skipped_in_row += 1
+    log.log({"step": state.step, "event": "skip", "reason": what, "skipped": state.skipped})
+    if state.skipped_in_row >= cfg_train.max_skipped:
+        raise RunStopped(f"{what}: {state.skipped_in_row} steps in a row skipped (train.max_skipped="
+                         f"{cfg_train.max_skipped}); last checkpoint: {checkpointer.latest()}", EXIT_NONFINITE)

@@ -1,0 +1,207 @@
+"""Never losing a run: checkpoints are whole or ignored, a stopped run resumes bit for bit, and non-finite
+losses are skipped, halt the run, or roll it back, as train.nonfinite says."""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file
+
+from conftest import REPO, run_pretrain
+from cramming import pretraining
+from cramming.config import load_config
+from cramming.errors import RunStopped
+from cramming.train.resume import Checkpointer, complete_checkpoints, find_resume
+from cramming.train.state import TrainState
+
+TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
+        "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.validation_sequences=16", "data=sanity",
+        "data.vocab_size=256", "data.seq_length=32", "data.max_chars=60000", "data.validation_fraction=0.1"]
+# Steps depend on the step count only (a step-* schedule), so two runs take the same steps whatever the clock.
+EXACT = TINY + ["train.schedule=step-triangle", "train.max_steps=14", "train.batch_size=64",
+                "impl.microbatch_size=8", "train.batch_ramp=0.5", "train.checkpoint_every_minutes=null"]
+
+
+def config_for(*overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return load_config(compose(config_name="pretrain", overrides=list(overrides)))
+
+
+def final_weights(run_dir: Path) -> dict:
+    return load_file(run_dir / "checkpoint" / "model.safetensors")
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"loss"' in line]
+
+
+def test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run(tmp_path):
+    whole = run_pretrain(*EXACT, run_dir=tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    want = final_weights(tmp_path / "whole")
+    # Stop points: inside the batch ramp (first 7 steps), and later ones; each signal lands while the trainer
+    # is inside a step's 2-8 microbatches of gradient accumulation, and is honoured at the step's end.
+    for stop_after in (2, 6, 10):
+        run_dir = tmp_path / f"stopped{stop_after}"
+        args = [sys.executable, str(REPO / "pretrain.py"), *EXACT, f"hydra.run.dir={run_dir}"]
+        proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while stop_after not in logged_steps(run_dir) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 75, err[-3000:]
+        assert "stopped: stopped by SIGTERM" in err and "run the same command again to resume" in err
+        saved = complete_checkpoints(run_dir)
+        assert len(saved) == 1 and stop_after <= int(saved[0].name.split("-")[1]) < 14
+        resumed = run_pretrain(*EXACT, run_dir=run_dir)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resuming from" in resumed.stdout
+        got = final_weights(run_dir)
+        assert all(torch.equal(got[k], want[k]) for k in want), f"weights differ after stopping at {stop_after}"
+        assert logged_steps(run_dir) == list(range(1, 15))  # one continuous log, no step twice
+        summary = json.loads((run_dir / "train_summary.json").read_text())
+        assert summary["steps"] == 14 and summary["resumed_from"] == str(saved[0])
+
+
+def test_sigkill_while_writing_leaves_the_previous_checkpoint(tmp_path):
+    script = textwrap.dedent(f"""
+        import time, torch
+        from cramming.train.resume import Checkpointer
+        from cramming.train.state import TrainState
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        ckpt = Checkpointer({str(tmp_path)!r}, None, 2, {{"seed": 0}})
+        ckpt.save(model, opt, scaler, TrainState(step=1), torch.Generator())
+        real_save = torch.save
+        def slow_save(obj, path):
+            real_save(obj, path)
+            print("writing", flush=True)
+            time.sleep(60)  # killed here: state.pt written, marker not yet
+        torch.save = slow_save
+        ckpt.save(model, opt, scaler, TrainState(step=2), torch.Generator())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (tmp_path / "checkpoints" / "step-00000002.tmp" / "state.pt").is_file()
+    found = complete_checkpoints(tmp_path)
+    assert [p.name for p in found] == ["step-00000001"]
+    # the next save cleans the leftover
+    ckpt = Checkpointer(tmp_path, None, 2, {})
+    model = torch.nn.Linear(4, 4)
+    ckpt.save(model, torch.optim.AdamW(model.parameters()), torch.amp.GradScaler("cpu", enabled=False),
+              TrainState(step=3), torch.Generator())
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000003"]
+
+
+def test_a_checkpoint_never_holds_non_finite_weights(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    ckpt = Checkpointer(tmp_path, None, 2, {})
+    assert ckpt.save(model, torch.optim.AdamW(model.parameters()), torch.amp.GradScaler("cpu", enabled=False),
+                     TrainState(step=1), torch.Generator()) is None
+    assert complete_checkpoints(tmp_path) == []
+
+
+def test_keep_checkpoints_and_resume_choices(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    config = config_for(*TINY)
+    ckpt = Checkpointer(tmp_path / "run", None, 2, json.loads(json.dumps(__import__("dataclasses").asdict(config))))
+    for step in (1, 2, 3):
+        ckpt.save(model, opt, torch.amp.GradScaler("cpu", enabled=False), TrainState(step=step), torch.Generator())
+    assert [p.name for p in complete_checkpoints(tmp_path / "run")] == ["step-00000002", "step-00000003"]
+    assert find_resume("never", tmp_path / "run", config) is None
+    assert find_resume("auto", tmp_path / "run", config).name == "step-00000003"
+    # a new launch of the same name (Hydra: a new folder) finds the unfinished sibling
+    (tmp_path / "relaunch").mkdir()
+    assert find_resume("auto", tmp_path / "relaunch", config).name == "step-00000003"
+    # ... unless its config differs
+    assert find_resume("auto", tmp_path / "relaunch", config_for(*TINY, "train.lr=0.5")) is None
+    path = tmp_path / "run" / "checkpoints" / "step-00000002"
+    assert find_resume(str(path), tmp_path / "relaunch", config) == path
+    with pytest.raises(Exception, match="not a complete checkpoint"):
+        find_resume(str(tmp_path / "nowhere"), tmp_path / "relaunch", config)
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Make the training loss NaN on the given forward calls (counted over training microbatches only)."""
+    calls = set()
+    original = pretraining.build_model
+
+    def build(*args, **kwargs):
+        model = original(*args, **kwargs)
+        forward, count = model.forward, itertools.count(1)
+
+        def poisoned(*a, **k):
+            out = forward(*a, **k)
+            if model.training and next(count) in calls:
+                out.loss = out.loss * float("nan")
+            return out
+
+        model.forward = poisoned
+        return model
+
+    monkeypatch.setattr(pretraining, "build_model", build)
+    return calls
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+NAN_RUN = TINY + ["train.max_steps=6", "train.batch_size=16", "impl.microbatch_size=16", "train.batch_ramp=0",
+                  "train.schedule=step-constant", "train.warmup=0"]
+
+
+def test_nonfinite_skip(poison, tmp_path):
+    poison.add(3)
+    summary = pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=skip"), tmp_path)
+    assert summary["steps"] == 6 and summary["skipped_steps"] == 1
+    assert [r["step"] for r in records(tmp_path) if r.get("event") == "skip"] == [2]
+    poison.update(range(1, 100))
+    with pytest.raises(RunStopped, match=r"3 steps in a row skipped") as stop:
+        pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=skip", "train.max_skipped=3",
+                                        "train.resume=never"), tmp_path / "again")
+    assert stop.value.exit_code == 3
+
+
+def test_nonfinite_halt(poison, tmp_path):
+    poison.add(4)
+    with pytest.raises(RunStopped, match=r"non-finite loss before step 4 \(train.nonfinite=halt\)") as stop:
+        pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=halt"), tmp_path)
+    assert stop.value.exit_code == 3
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_nonfinite_rollback(poison, tmp_path):
+    poison.add(3)
+    summary = pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=rollback", "train.lr=0.001"), tmp_path)
+    assert summary["rollbacks"] == 1 and summary["steps"] == 6
+    log = records(tmp_path)
+    event = next(r for r in log if r.get("event") == "rollback")
+    assert event["lr_scale"] == 0.5 and event["checkpoint"].endswith("step-00000000")
+    lrs = [r["lr"] for r in log if "lr" in r]
+    assert lrs[:2] == [pytest.approx(1e-3)] * 2 and all(lr == pytest.approx(5e-4) for lr in lrs[2:])
+
+
+def test_stopped_run_exit_code_is_documented():
+    readme = (REPO / "README.md").read_text()
+    assert "75" in readme and "train.nonfinite" in readme
