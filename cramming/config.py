@@ -126,6 +126,7 @@ class TrainConfig:
     schedule: str = "budget-triangle"  # budget-{triangle,cosine,linear,wsd}, constant; step-* twins need max_steps
     warmup: float = 0.1  # cosine, linear, wsd: share of the run spent warming up linearly from 0
     cooldown: float = 0.2  # wsd: final share of the run decaying linearly to 0
+    seq_schedule: list | None = None  # [[budget_fraction, seq_length], ...]; null = data.seq_length
     optim: OptimConfig = field(default_factory=OptimConfig)
     max_steps: int | None = None  # null = the budget alone ends the run
     mask_prob: float = 0.25
@@ -297,6 +298,8 @@ def validate(c: PretrainConfig) -> None:
     check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
     check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
     check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
+    if t.seq_schedule:
+        check_seq_schedule(c)
     if t.checkpoint_every_minutes is not None:
         check(t.checkpoint_every_minutes > 0, "train.checkpoint_every_minutes", t.checkpoint_every_minutes,
               "must be > 0 or null")
@@ -322,6 +325,36 @@ def validate(c: PretrainConfig) -> None:
         f"must be a multiple of impl.microbatch_size={i.microbatch_size}",
     )
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
+
+
+def check_seq_schedule(c: PretrainConfig) -> None:
+    """The curriculum's stages against the data, the batch and the architecture (see train/curriculum.py)."""
+    from .train.curriculum import sequence_length
+
+    a, d, t = c.arch, c.data, c.train
+    key = "train.seq_schedule"
+    check(all(isinstance(stage, (list, tuple)) and len(stage) == 2 and all(isinstance(v, (int, float)) for v in stage)
+              and stage[0] > 0 for stage in t.seq_schedule), key, t.seq_schedule,
+          "give [budget_fraction > 0, seq_length] pairs")
+    check(abs(sum(stage[0] for stage in t.seq_schedule) - 1) < 1e-6, key, t.seq_schedule,
+          "the stages' budget fractions must add up to 1")
+    check(d.ordering == "random", key, t.seq_schedule, "needs data.ordering=random (rows are joined in stream order)")
+    for _, length in t.seq_schedule:
+        check(length >= d.seq_length and length % d.seq_length == 0, key, t.seq_schedule,
+              f"every length must be a multiple of data.seq_length={d.seq_length}, got {length:g}")
+        k = int(length) // d.seq_length
+        tokens = sequence_length(d.seq_length, k)
+        check(microbatch_size(c) % k == 0, key, t.seq_schedule,
+              f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a multiple of {k}")
+        if a.position in ("learned", "sinusoidal", "scaled-sinusoidal") or "gmlp" in a.layout:
+            check(tokens <= a.max_seq_length, key, t.seq_schedule,
+                  f"its {tokens}-token sequences are longer than arch.max_seq_length={a.max_seq_length} "
+                  f"({a.position} positions{' and gmlp' if 'gmlp' in a.layout else ''} do not extrapolate); "
+                  "raise it, or use rotary, alibi, rpe or none")
+        if "stepped" in a.attention.pattern:
+            check(tokens % a.attention.window == 0, key, t.seq_schedule,
+                  f"stepped attention needs a window dividing every length, and {tokens} is not divisible by "
+                  f"arch.attention.window={a.attention.window}")
 
 
 def microbatch_size(c: PretrainConfig) -> int:

@@ -17,6 +17,7 @@ from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
+from .train.curriculum import block_rows, stage_factors
 from .train.evaluate import validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.metrics import MetricsLog
@@ -101,9 +102,10 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
               flush=True)
     step_model = torch.compile(model) if runtime.compile else model
     microbatch = microbatch_size(config)
+    blocks = block_rows(stage_factors(config.train.seq_schedule, meta["seq_length"]))
     batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch,
                             config.impl.num_workers, pin_memory=runtime.device.type == "cuda",
-                            start=state.sequences)
+                            start=state.sequences, block=blocks)
     setup_seconds = time.time() - setup_start
 
     eval_start = time.time()

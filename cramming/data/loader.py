@@ -26,28 +26,33 @@ def epoch_order(folder: Path, num_sequences: int, ordering: str, seed: int, epoc
 
 class EndlessOrder(Sampler):
     """Epoch after epoch of the configured order, starting `start` sequences into the stream (a resumed run
-    continues exactly where it stopped, without replaying or skipping a sequence)."""
+    continues exactly where it stopped, without replaying or skipping a sequence). With `block` > 1 the order is
+    over blocks of that many consecutive rows, kept together (the sequence-length curriculum joins them)."""
 
-    def __init__(self, folder: Path, num_sequences: int, ordering: str, seed: int, start: int = 0):
-        self.folder, self.n, self.ordering, self.seed, self.start = folder, num_sequences, ordering, seed, start
+    def __init__(self, folder: Path, num_sequences: int, ordering: str, seed: int, start: int = 0, block: int = 1):
+        self.folder, self.ordering, self.seed, self.start, self.block = folder, ordering, seed, start, block
+        self.blocks = num_sequences // block
 
     def __iter__(self):
-        epoch, offset = divmod(self.start, self.n)
+        epoch, offset = divmod(self.start, self.blocks * self.block)
         while True:
-            yield from epoch_order(self.folder, self.n, self.ordering, self.seed, epoch)[offset:].tolist()
+            order = epoch_order(self.folder, self.blocks, self.ordering, self.seed, epoch)
+            if self.block > 1:
+                order = (order[:, None] * self.block + np.arange(self.block)).reshape(-1)
+            yield from order[offset:].tolist()
             epoch, offset = epoch + 1, 0
 
 
 def train_batches(folder: Path, meta: dict, ordering: str, seed: int, microbatch_size: int, num_workers: int,
-                  pin_memory: bool, start: int = 0):
+                  pin_memory: bool, start: int = 0, block: int = 1):
     data = open_split(folder, meta, "train")
-    if len(data) < microbatch_size:
+    if len(data) < max(microbatch_size, block):
         raise UserError(f"only {len(data)} training sequences, fewer than one microbatch "
                         f"(impl.microbatch_size={microbatch_size}); give more text or lower the microbatch")
     loader = DataLoader(
         data,
         batch_size=microbatch_size,
-        sampler=EndlessOrder(folder, len(data), ordering, seed, start),
+        sampler=EndlessOrder(folder, len(data), ordering, seed, start, block),
         drop_last=True,
         num_workers=num_workers,
         pin_memory=pin_memory,

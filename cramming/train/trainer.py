@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import RunStopped
+from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .resume import load_weights
 from .schedule import SCHEDULES, batch_size_at, progress_by_steps
 from .signals import EXIT_PREEMPTED, StopFlag
@@ -47,7 +48,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
     (after checkpointing) or when train.nonfinite gives up."""
     schedule = SCHEDULES.get_or_explain(cfg_train.schedule)
     by_steps = progress_by_steps(cfg_train.schedule)
-    seq_len = meta["seq_length"]
+    stages = stage_factors(cfg_train.seq_schedule, meta["seq_length"])
     model.train()
     bar = tqdm(total=100, desc="training", bar_format="{l_bar}{bar}| {n:.1f}% [{elapsed}<{remaining}]{postfix}",
                mininterval=1)
@@ -58,15 +59,17 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
             progress = state.step / budget.max_steps if by_steps else fraction
             batch_size = batch_size_at(progress, cfg_train.batch_size, microbatch_size, cfg_train.batch_ramp)
             accumulation = batch_size // microbatch_size
+            rows_per_sequence = factor_at(stages, progress)  # the curriculum's stage
             factor = schedule(progress, cfg_train.warmup, cfg_train.cooldown) * state.lr_scale
             set_learning_rate(optimizer, factor)
             lr = cfg_train.lr * factor  # logged: the train.lr groups' learning rate
 
             step_loss = torch.zeros((), device=device)
-            done = 0
+            done = step_tokens = 0
             while done < accumulation:
-                batch = next(batches).to(device, non_blocking=True)
-                state.sequences += microbatch_size
+                batch = regroup(next(batches), rows_per_sequence).to(device, non_blocking=True)
+                state.sequences += microbatch_size  # rows of the stream: the data position
+                step_tokens += batch.numel()
                 inputs, labels = objective.batch(batch, generator)
                 with autocast():
                     loss = model(input_ids=inputs, labels=labels).loss / accumulation
@@ -96,7 +99,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.skipped_in_row = 0
-            state.tokens += batch_size * seq_len
+            state.tokens += step_tokens
 
             if state.step == 1 and state.compile_seconds == 0.0:
                 state.compile_seconds = time.perf_counter() - step_start
@@ -105,7 +108,8 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                 elapsed = time.perf_counter() - start
                 log.log({
                     "step": state.step, "loss": state.last_loss, "lr": lr, "batch_size": batch_size,
-                    "tokens": state.tokens, "tokens_per_s": batch_size * seq_len / (time.perf_counter() - step_start),
+                    "tokens": state.tokens, "tokens_per_s": step_tokens / (time.perf_counter() - step_start),
+                    "seq_length": sequence_length(meta["seq_length"], rows_per_sequence),
                     "grad_norm": float(grad_norm), "elapsed_s": round(elapsed, 3),
                     "budget_fraction": round(budget.fraction(elapsed, state.step), 5),
                 })
