@@ -5,6 +5,7 @@ stops the run with one line before any data is read or any budget is spent.
 
 import importlib.util
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -147,7 +148,7 @@ class ImplConfig:
     device: str = "auto"  # auto | cuda | cpu
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     compile: bool | None = None  # null = on for cuda, off for cpu
-    microbatch_size: int = 128
+    microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
     attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
     rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
     num_workers: int = 0
@@ -317,13 +318,15 @@ def validate(c: PretrainConfig) -> None:
     check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
     check_choice("impl.attention", i.attention, ("auto", *ATTENTION_KERNELS))
     check_choice("impl.rotary", i.rotary, ("auto", *ROTARY_IMPLS))
-    check(i.microbatch_size > 0, "impl.microbatch_size", i.microbatch_size, "must be > 0")
-    check(
-        t.batch_size % microbatch_size(c) == 0,
-        "train.batch_size",
-        t.batch_size,
-        f"must be a multiple of impl.microbatch_size={i.microbatch_size}",
-    )
+    check(i.microbatch_size == "auto" or (isinstance(i.microbatch_size, int) and i.microbatch_size > 0),
+          "impl.microbatch_size", i.microbatch_size, "must be a positive integer or auto")
+    if i.microbatch_size == "auto":
+        block = curriculum_block(t.seq_schedule, d.seq_length)
+        check(t.batch_size % block == 0, "train.batch_size", t.batch_size,
+              f"must be a multiple of {block} (the curriculum joins that many rows)")
+    else:
+        check(t.batch_size % microbatch_size(c) == 0, "train.batch_size", t.batch_size,
+              f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
 
 
@@ -344,7 +347,7 @@ def check_seq_schedule(c: PretrainConfig) -> None:
               f"every length must be a multiple of data.seq_length={d.seq_length}, got {length:g}")
         k = int(length) // d.seq_length
         tokens = sequence_length(d.seq_length, k)
-        check(microbatch_size(c) % k == 0, key, t.seq_schedule,
+        check(c.impl.microbatch_size == "auto" or microbatch_size(c) % k == 0, key, t.seq_schedule,
               f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a multiple of {k}")
         if a.position in ("learned", "sinusoidal", "scaled-sinusoidal") or "gmlp" in a.layout:
             check(tokens <= a.max_seq_length, key, t.seq_schedule,
@@ -357,6 +360,15 @@ def check_seq_schedule(c: PretrainConfig) -> None:
                   f"arch.attention.window={a.attention.window}")
 
 
-def microbatch_size(c: PretrainConfig) -> int:
-    """Sequences per forward pass: impl.microbatch_size, or the whole batch when that is smaller."""
+def curriculum_block(seq_schedule, seq_length: int) -> int:
+    from .train.curriculum import block_rows, stage_factors
+
+    return block_rows(stage_factors(seq_schedule, seq_length)) if seq_schedule else 1
+
+
+def microbatch_size(c: PretrainConfig) -> int | None:
+    """Sequences per forward pass: impl.microbatch_size, or the whole batch when that is smaller; None for auto
+    (decided once the model is built: train/microbatch.py)."""
+    if c.impl.microbatch_size == "auto":
+        return None
     return min(c.impl.microbatch_size, c.train.batch_size)

@@ -17,10 +17,11 @@ from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
-from .train.curriculum import block_rows, stage_factors
+from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.evaluate import validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.metrics import MetricsLog
+from .train.microbatch import auto_microbatch
 from .train.objectives import build_objective
 from .train.optim import build_optimizer
 from .train.resume import Checkpointer, find_resume, load_checkpoint
@@ -101,8 +102,14 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
         print(f"resuming from {resume_from}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent",
               flush=True)
     step_model = torch.compile(model) if runtime.compile else model
+    stages = stage_factors(config.train.seq_schedule, meta["seq_length"])
+    blocks = block_rows(stages)
     microbatch = microbatch_size(config)
-    blocks = block_rows(stage_factors(config.train.seq_schedule, meta["seq_length"]))
+    if microbatch is None:  # impl.microbatch_size=auto
+        longest = sequence_length(meta["seq_length"], max(k for _, k in stages))
+        microbatch = auto_microbatch(model, config, meta["vocab_size"], longest, blocks, runtime,
+                                     config.data.cache_dir)
+        print(f"microbatch: {microbatch} sequences (impl.microbatch_size=auto)", flush=True)
     batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch,
                             config.impl.num_workers, pin_memory=runtime.device.type == "cuda",
                             start=state.sequences, block=blocks)
