@@ -191,16 +191,16 @@ def check(ok: bool, key: str, value, requirement: str) -> None:
 
 def validate(c: PretrainConfig) -> None:
     """Choices and ranges. Registries are the single source of valid names."""
+    from . import kernels  # noqa: F401  registers the Triton kernels by name
     from .data.sources import SOURCES
     from .data.tokenizer import TOKENIZER_KINDS
-    from . import kernels  # noqa: F401  registers the Triton kernels by name
     from .model.attention import ATTENTION_KERNELS
-    from .model.rotary import ROTARY_IMPLS
     from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
     from .model.linear import LINEARS, block_projections, linear_problem
     from .model.norms import NORMS
     from .model.positions import POSITIONS
+    from .model.rotary import ROTARY_IMPLS
     from .train.optim import optimizer_problem
     from .train.schedule import SCHEDULES, schedule_problem
 

@@ -9,7 +9,6 @@ import torch
 
 from .errors import UserError
 
-
 # Dense bf16 tensor-core peaks from the vendor datasheets, most specific names first.
 PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0),
                ("A6000", 154.8), ("L40S", 362.0), ("L4", 121.0)]

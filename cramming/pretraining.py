@@ -3,8 +3,8 @@
 import json
 import random
 import time
-from datetime import datetime, timezone
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np

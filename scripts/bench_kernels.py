@@ -71,7 +71,7 @@ def one_line(error):
 def try_import(module, name):
     try:
         return getattr(__import__(module, fromlist=[name]), name), None
-    except Exception as error:  # noqa: BLE001 - whatever the reason (missing file, Triton error): not available
+    except Exception as error:
         return None, one_line(error)
 
 
@@ -150,7 +150,7 @@ class Bench:
             return
         try:
             result.update(measure(), status="ok")
-        except Exception as error:  # noqa: BLE001 - one failing kernel (or an OOM) must not stop the run
+        except Exception as error:
             result["status"] = f"error: {one_line(error)}"
             print(f"bench_kernels: {label}: {result['status']}", flush=True)
         if self.cuda:
@@ -168,7 +168,7 @@ class Bench:
                   "fwdbwd": self.timer(lambda: fn(q, k, v, causal).backward(g), (q, k, v))}
             try:  # backward alone: one forward, then its graph replayed (kept by retain_graph)
                 ms["bwd"] = self.timer(partial(fn(q, k, v, causal).backward, g, retain_graph=True), (q, k, v))
-            except Exception as error:  # noqa: BLE001 - keep the forward figures if a kernel refuses the replay
+            except Exception as error:
                 print(f"bench_kernels: backward alone failed ({one_line(error)})", flush=True)
         return {**{f"{p}_ms": t for p, t in ms.items()},
                 **{f"{p}_tflops": factor * flops / ms[p] / 1e9 for p, factor in (("fwd", 1), ("bwd", 2.5),

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from cramming.model.attention import (ATTENTION_KERNELS, alibi_slopes, eager_attention, sdpa_attention,
-                                      visible_keys)
+from cramming.model.attention import ATTENTION_KERNELS, alibi_slopes, eager_attention, sdpa_attention, visible_keys
 
 OPTIONS = [
     dict(),

@@ -23,10 +23,11 @@ if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is not 1 and there is no GPU to compile for", allow_module_level=True)
 DEVICE = "cpu" if INTERPRET else "cuda"
 
-from cramming.kernels import attention, flash_attention
+from cramming.kernels import attention as attention_module
+from cramming.kernels import flash_attention, flash_kernels
 from cramming.model.attention import ATTENTION_KERNELS, alibi_bias, eager_attention, visible_keys
 
-if INTERPRET and type(attention._attn_fwd).__name__ != "InterpretedFunction":
+if INTERPRET and type(flash_kernels.PLAIN["fwd"]).__name__ != "InterpretedFunction":
     pytest.skip("cramming.kernels was imported (by another test) before TRITON_INTERPRET=1 was set, so its kernels "
                 "were built for a GPU; export TRITON_INTERPRET=1 for the whole pytest run", allow_module_level=True)
 
@@ -266,6 +267,6 @@ def test_rejects_dropout_and_bad_inputs():
 def test_registered_and_missing_triton_is_a_clear_error(monkeypatch):
     assert ATTENTION_KERNELS["triton"] is flash_attention
     q, k, v, _ = make(heads=1, seq=4, head_dim=16)
-    monkeypatch.setattr(attention, "triton", None)
+    monkeypatch.setattr(attention_module, "triton", None)
     with pytest.raises(RuntimeError, match="needs triton"):
         flash_attention(q, k, v)

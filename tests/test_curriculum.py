@@ -2,14 +2,13 @@
 joined, and a whole epoch covers every token exactly once whatever the stage."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO
 from cramming.config import load_config
 from cramming.data.loader import EndlessOrder
 from cramming.data.packed import PackedTokens

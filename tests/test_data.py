@@ -65,7 +65,7 @@ def test_packing_round_trip_and_no_leakage(tmp_path):
         pieces = np.split(stream, np.flatnonzero(stream == sep) + 1)[:-1]
         decoded[split] = [tok.decode(p[:-1]) for p in pieces]
     assert len(decoded["train"]) + len(decoded["val"]) == len(texts)
-    normalise = lambda s: s.lower().replace(" ", "")  # noqa: E731
+    normalise = lambda s: s.lower().replace(" ", "")
     assert sorted(map(normalise, decoded["train"] + decoded["val"])) == sorted(map(normalise, texts))
     assert not set(decoded["train"]) & set(decoded["val"])  # no document in both splits
     assert 0.03 < len(decoded["val"]) / len(texts) < 0.2  # about validation_fraction=0.1

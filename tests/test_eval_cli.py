@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, last_line_path, needs_shared, one_line_error
 
 from cramming.errors import UserError
-
-from conftest import REPO, last_line_path, needs_shared, one_line_error
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=16"]
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import REPO, needs_shared, one_line_error, run_pretrain  # noqa: F401
+
 from cramming import impl
 from cramming.config import ArchConfig, AttentionConfig, ImplConfig
 from cramming.errors import UserError

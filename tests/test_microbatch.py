@@ -5,9 +5,9 @@ import contextlib
 
 import pytest
 import torch
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO
 from cramming.config import load_config
 from cramming.errors import UserError
 from cramming.model import CrammedConfig, CrammedForMaskedLM

@@ -7,8 +7,13 @@ import textwrap
 import pytest
 import torch
 
-from cramming.model import (AUTO_MAP, CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM,
-                            CrammedForSequenceClassification)
+from cramming.model import (
+    AUTO_MAP,
+    CrammedConfig,
+    CrammedForCausalLM,
+    CrammedForMaskedLM,
+    CrammedForSequenceClassification,
+)
 from cramming.model.positions import POSITIONS
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16)

@@ -3,7 +3,6 @@ losses are skipped, halt the run, or roll it back, as train.nonfinite says."""
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from conftest import REPO, run_pretrain
 from cramming import pretraining
 from cramming.config import load_config
 from cramming.errors import RunStopped

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from cramming.config import ArchConfig, DataConfig, TrainConfig
-from cramming.impl import Runtime
 from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
+from cramming.impl import Runtime
 from cramming.pretraining import build_model
 from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer

@@ -15,7 +15,6 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, get_sch
 from .metrics import compute_metrics
 from .tasks import TaskData
 
-
 # eval.recipe.schedule -> transformers' scheduler name (each with the linear warm-up first)
 SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 

@@ -212,7 +212,7 @@ def _load_hub(spec: TaskSpec):
         from datasets import load_dataset
 
         splits = load_dataset(HUB_DATASET, spec.name)
-    except Exception as err:  # noqa: BLE001 -- connection errors, offline mode without a cache, hub errors
+    except Exception as err:
         reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
         raise HubUnreachable(f"{spec.name}: the hub dataset {HUB_DATASET!r} is unreachable ({reason}); "
                         f"offline, pass eval.data_dir=<glue_data folder>") from None

@@ -7,8 +7,9 @@ TRITON_INTERPRET=1 before this package is first imported: Triton decides interpr
 
 import importlib.util
 
+from ..model.rotary import apply_rotary_torch, rotary_cos_sin  # the references, beside the kernels
 from .attention import flash_attention
-from .rotary import apply_rotary_qk, apply_rotary_torch, apply_rotary_triton, rotary_cos_sin
+from .rotary import apply_rotary_qk, apply_rotary_triton
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 

@@ -7,7 +7,7 @@ buffers.
 
 import torch
 
-from ..model.rotary import ROTARY_IMPLS, apply_rotary_torch, rotary_cos_sin, rotary_dim_of
+from ..model.rotary import ROTARY_IMPLS, apply_rotary_torch, rotary_dim_of
 
 try:
     import triton

@@ -19,5 +19,12 @@ CrammedForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 # The head each objective trains.
 PRETRAINING_HEADS = {"mlm": CrammedForMaskedLM, "clm": CrammedForCausalLM}
 
-__all__ = ["AUTO_MAP", "PRETRAINING_HEADS", "CrammedConfig", "CrammedModel", "CrammedForCausalLM",
-           "CrammedForMaskedLM", "CrammedForSequenceClassification"]
+__all__ = [
+    "AUTO_MAP",
+    "PRETRAINING_HEADS",
+    "CrammedConfig",
+    "CrammedForCausalLM",
+    "CrammedForMaskedLM",
+    "CrammedForSequenceClassification",
+    "CrammedModel",
+]

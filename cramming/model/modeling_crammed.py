@@ -11,13 +11,12 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutput, MaskedLMOutput,
-                                           SequenceClassifierOutput)
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .block import BLOCKS
-from .gmlp import GMLPBlock
 from .configuration_crammed import CrammedConfig
 from .ffn import ACTIVATIONS
+from .gmlp import GMLPBlock
 from .norms import ScaleNorm, build_norm
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
 from .rpe import RelativePositionBias
