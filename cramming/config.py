@@ -160,6 +160,9 @@ class PretrainConfig:
     seed: int = 0
     budget: float = 24.0  # wall-clock hours of training
     dryrun: bool = False
+    eval_after: bool = False  # fine-tune the fresh checkpoint with eval.py's recipe (cramming/sweep.py)
+    eval_overrides: list[str] = field(default_factory=list)  # eval.py overrides for eval_after
+    sweep_objective: str = "val_loss"  # val_loss | glue_average: what the run returns to a sweeper
     arch: ArchConfig = field(default_factory=ArchConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -206,6 +209,7 @@ def validate(c: PretrainConfig) -> None:
 
     a, d, t, i = c.arch, c.data, c.train, c.impl
     check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
+    check_choice("sweep_objective", c.sweep_objective, ("val_loss", "glue_average"))
     for key in ("num_layers", "hidden_size", "num_heads", "ffn_size", "max_seq_length"):
         check(getattr(a, key) > 0, f"arch.{key}", getattr(a, key), "must be > 0")
     check(a.hidden_size % a.num_heads == 0, "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")

@@ -176,6 +176,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
         "config": asdict(config),
     }
     path = save_checkpoint(model, tokenizer, summary, run_dir)
+    summary["checkpoint"] = str(path)
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     if mfu is not None:
         print(f"model FLOP utilisation {100 * mfu:.1f} % of {peak / 1e12:.0f} TFLOP/s", flush=True)
