@@ -2,8 +2,15 @@
 checkpoint, checked before training; the objective a sweeper receives."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-from conftest import needs_shared, one_line_error, run_pretrain
+from matplotlib.image import imread
+
+from conftest import REPO, needs_shared, one_line_error, run_pretrain
+from cramming.report import collect_runs, differing_keys
+from cramming.report_plots import labels_for, loss_figure
 
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
         "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.validation_sequences=16", "data=sanity",
@@ -25,6 +32,18 @@ def test_a_two_by_two_multirun_writes_four_runs_and_a_manifest(tmp_path):
         summary = json.loads((tmp_path / job["dir"] / "train_summary.json").read_text())
         assert summary["val_loss"] == job["objective"]
         assert "arch.position=" in job["dir"] and "train.lr=" in job["dir"]  # readable folder names
+    # the offline report over the sweep: the table of the two swept keys, and one loss line per job
+    report = subprocess.run([sys.executable, "-m", "cramming.report", str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = Path(report.stdout.strip().splitlines()[-1].removeprefix("report: ")).read_text()
+    assert "arch.position" in text and "train.lr" in text and text.count("finished") >= 4
+    runs = collect_runs([str(tmp_path)])
+    keys = differing_keys(runs)
+    assert set(keys) == {"arch.position", "train.lr"}
+    figure = loss_figure(runs, "tokens", labels_for(runs, keys))
+    assert len(figure.axes[0].get_lines()) == 4
+    assert all(imread(tmp_path / "report" / name).ndim == 3 for name in ("loss_vs_tokens.png", "loss_vs_time.png"))
 
 
 def test_eval_after_fine_tunes_the_fresh_checkpoint(tmp_path):
