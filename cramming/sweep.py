@@ -98,4 +98,7 @@ def name_jobs_by_swept_keys(argv: list[str]) -> list[str]:
         return argv
     fixed = [a.split("=", 1)[0].lstrip("+~") for a in argv[1:]
              if "=" in a and not a.startswith(("hydra.", "hydra/")) and not is_swept(a.split("=", 1)[1])]
-    return [*argv, f"hydra.job.config.override_dirname.exclude_keys=[{','.join(['name', *fixed])}]"]
+    # beside the other overrides: argparse takes them as one run of positional arguments, flags around them
+    position = next((i for i, a in enumerate(argv) if i and "=" in a and not a.startswith("-")), len(argv))
+    exclude = f"hydra.job.config.override_dirname.exclude_keys=[{','.join(['name', *fixed])}]"
+    return [*argv[:position], exclude, *argv[position:]]

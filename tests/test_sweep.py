@@ -76,5 +76,7 @@ def test_swept_values_are_told_from_fixed_ones():
     assert is_swept("1,2") and is_swept("interval(0.1,0.2)") and is_swept("[a],[b]")
     assert not is_swept("[local,global]") and not is_swept("'a,b'") and not is_swept("{x:1,y:2}")
     argv = ["pretrain.py", "-m", "arch.position=learned,rotary", "budget=0.1", "+experiment=x", "hydra.run.dir=d"]
-    assert name_jobs_by_swept_keys(argv)[-1] == "hydra.job.config.override_dirname.exclude_keys=[name,budget,experiment]"
+    named = name_jobs_by_swept_keys(argv)
+    assert named[2] == "hydra.job.config.override_dirname.exclude_keys=[name,budget,experiment]"
+    assert named[:2] + named[3:] == argv
     assert name_jobs_by_swept_keys(argv[:1] + argv[2:]) == argv[:1] + argv[2:]  # not a multirun: unchanged

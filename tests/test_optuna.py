@@ -1,0 +1,48 @@
+"""Optuna sweeps through Hydra's Optuna sweeper plugin (the `optuna` extra): three real trials at smoke scale,
+searching a preset's variants and a log-scaled learning rate at once, minimising the final validation loss that
+pretrain.py returns, with the study kept in SQLite (resumable)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import REPO
+from test_experiments import SMOKE
+
+pytest.importorskip("hydra_plugins.hydra_optuna_sweeper",
+                    reason="the Optuna sweeper plugin is not installed: pip install -e '.[optuna]'")
+
+
+@pytest.mark.filterwarnings("ignore:Deprecated API features detected")
+def test_three_trials_minimise_the_validation_loss(tmp_path):
+    import optuna
+    import sqlalchemy
+
+    assert int(sqlalchemy.__version__.split(".")[0]) < 2, (
+        "the plugin's optuna 2.10 cannot keep a study in SQLAlchemy 2: pip install -e '.[optuna]' pins sqlalchemy<2")
+    sweep, storage = tmp_path / "sweep", f"sqlite:///{tmp_path / 'study.db'}"
+    result = subprocess.run(
+        [sys.executable, "pretrain.py", "-m", "+experiment=topk-attention", "hydra/sweeper=optuna",
+         "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1", "hydra.sweeper.sampler.seed=0",
+         f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=smoke",
+         "train.lr=tag(log,interval(1e-4,1e-2))", *SMOKE, f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = {}
+    for job in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        summary = json.loads((job / "checkpoint" / "train_summary.json").read_text())
+        trials[job.name] = (summary["config"]["train"]["lr"], summary["val_loss"])
+        assert job.name.split("_", 1)[1] == summary["config"]["arch"]["attention"]["pattern"][0]
+    assert len(trials) == 3 and all(1e-4 <= lr <= 1e-2 for lr, _ in trials.values())
+    assert len({lr for lr, _ in trials.values()}) == 3  # the sampler proposed three learning rates
+    best = OmegaConf.load(sweep / "optimization_results.yaml")
+    assert best.best_value == pytest.approx(min(loss for _, loss in trials.values()))
+    assert best.best_params["train.lr"] == pytest.approx(min(trials.values(), key=lambda t: t[1])[0])
+    assert set(best.best_params) == {"train.lr", "experiment/topk-attention@_global_"}
+    study = optuna.load_study(study_name="smoke", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
+    assert study.best_value == pytest.approx(best.best_value)
