@@ -49,7 +49,7 @@ def test_multirun_two_jobs(tmp_path, cache_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert len(jobs) == 2
-    assert jobs[0].name.startswith("0_arch.num_layers=1,") and jobs[1].name.startswith("1_arch.num_layers=2,")
+    assert [job.name for job in jobs] == ["0_arch.num_layers=1", "1_arch.num_layers=2"]  # named by the swept key
     layers, caches = [], set()
     for job in jobs:
         summary = json.loads((job / "checkpoint" / "train_summary.json").read_text())
