@@ -83,7 +83,7 @@ def parse_overrides(items) -> dict:
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
-            pass
+            pass  # not YAML (e.g. an unbalanced quote): keep the raw string
         out[key.lstrip("+")] = value
     return out
 

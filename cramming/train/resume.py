@@ -56,7 +56,7 @@ class Checkpointer:
         """Write a checkpoint, or return None without writing if any weight is not finite."""
         started = time.perf_counter()
         model = getattr(model, "_orig_mod", model)
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
+        if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
             return None
         final = self.folder / f"step-{state.step:08d}"
         tmp = final.with_name(final.name + ".tmp")

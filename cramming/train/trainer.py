@@ -89,7 +89,9 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_train.grad_clip or math.inf)
             # One host sync per step: the price of never applying a NaN. With fp16 the grad scaler owns
             # non-finite gradients (it skips the step and lowers its scale), so only the loss is ours to check.
-            finite = torch.isfinite(step_loss) & (torch.isfinite(grad_norm) | torch.tensor(scaler.is_enabled()))
+            finite = torch.isfinite(step_loss)
+            if not scaler.is_enabled():
+                finite = finite & torch.isfinite(grad_norm)
             if not bool(finite):
                 optimizer.zero_grad(set_to_none=True)
                 handle_nonfinite(cfg_train, state, step_loss, grad_norm, model, optimizer, scaler, checkpointer, log)
