@@ -135,6 +135,8 @@ class TrainConfig:
     validation_sequences: int = 2048
     log_every: int = 1
     tensorboard: bool = False
+    wandb: str = "off"  # off | offline (files under <run>/wandb, no network) | online; needs the wandb extra
+    wandb_project: str = "cramming"
     checkpoint_every_minutes: float | None = 30.0  # null = only when stopped by a signal
     keep_checkpoints: int = 2
     resume: str = "auto"  # auto | never | a checkpoints/step-<n> folder
@@ -152,6 +154,7 @@ class ImplConfig:
     attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
     rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
     num_workers: int = 0
+    distributed: str = "auto"  # auto | none | ddp | fsdp2; auto = ddp under torchrun, none otherwise
 
 
 @dataclass
@@ -197,6 +200,7 @@ def validate(c: PretrainConfig) -> None:
     from . import kernels  # noqa: F401  registers the Triton kernels by name
     from .data.sources import SOURCES
     from .data.tokenizer import TOKENIZER_KINDS
+    from .distributed import ENGINES
     from .model.attention import ATTENTION_KERNELS
     from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
@@ -315,6 +319,11 @@ def validate(c: PretrainConfig) -> None:
     if t.tensorboard:
         check(importlib.util.find_spec("tensorboard") is not None, "train.tensorboard", t.tensorboard,
               "needs the tensorboard package: pip install 'cramming[tensorboard]'")
+    check_choice("train.wandb", t.wandb, ("off", "offline", "online"))
+    if t.wandb != "off":
+        check(importlib.util.find_spec("wandb") is not None, "train.wandb", t.wandb,
+              "needs the wandb package: pip install 'cramming[wandb]'")
+        check(bool(t.wandb_project), "train.wandb_project", t.wandb_project, "must not be empty")
     if t.grad_clip is not None:
         check(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0 or null")
 
@@ -332,6 +341,7 @@ def validate(c: PretrainConfig) -> None:
         check(t.batch_size % microbatch_size(c) == 0, "train.batch_size", t.batch_size,
               f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
+    check_choice("impl.distributed", i.distributed, ENGINES)
 
 
 def check_seq_schedule(c: PretrainConfig) -> None:

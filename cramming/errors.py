@@ -16,21 +16,32 @@ class RunStopped(Exception):
         self.exit_code = exit_code
 
 
+EXIT_UNEXPECTED = 1  # what Python itself exits with on an uncaught exception
 EXIT_USER_ERROR = 2
 
 
+def failure_line(err: BaseException) -> tuple[str, int]:
+    """The one line and the exit code a failure gets: `error: ...` and 2 for a UserError, `stopped: ...` and its
+    own code for a RunStopped, `error: <type>: ...` and 1 for anything unexpected (a sweep job reports those
+    in one line too, its traceback going to the job's log)."""
+    if isinstance(err, UserError):
+        return f"error: {err}", EXIT_USER_ERROR
+    if isinstance(err, RunStopped):
+        return f"stopped: {err}", err.exit_code
+    return f"error: {type(err).__name__}: {err}", EXIT_UNEXPECTED
+
+
 def exit_on_user_error(fn):
-    """Wrap an entry point so that a UserError becomes `error: ...` on stderr and exit code 2."""
+    """Wrap an entry point so that a UserError becomes `error: ...` on stderr and exit code 2 (a RunStopped:
+    `stopped: ...` and its code). Anything else keeps its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            sys.exit(EXIT_USER_ERROR)
-        except RunStopped as stop:
-            print(f"stopped: {stop}", file=sys.stderr, flush=True)
-            sys.exit(stop.exit_code)
+        except (UserError, RunStopped) as err:
+            line, code = failure_line(err)
+            print(line, file=sys.stderr, flush=True)
+            sys.exit(code)
 
     return wrapper

@@ -3,24 +3,27 @@
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from . import distributed as dist_
 from . import impl as impl_
 from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
+from .errors import UserError
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.evaluate import validation_metrics
 from .train.flops import forward_flops_per_token
-from .train.metrics import MetricsLog
+from .train.masking import PositionalMasks
+from .train.metrics import MetricsLog, SilentLog
 from .train.microbatch import auto_microbatch
 from .train.objectives import build_objective
 from .train.optim import build_optimizer
@@ -67,39 +70,79 @@ def seed_everything(seed: int) -> None:
 def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     """Run the whole recipe; returns train_summary (also written into the checkpoint)."""
     setup_start = time.time()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(config.seed)
     runtime = impl_.resolve(config.impl, config.arch)
+    if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
+        return dryrun(config, runtime)
+    distributed = dist_.setup(config.impl.distributed, runtime.device.type)
+    try:
+        return _pretrain(config, run_dir, runtime, distributed, setup_start)
+    finally:
+        distributed.close()
+
+
+def dryrun(config: PretrainConfig, runtime) -> dict:
+    model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, runtime)
+    flops = flops_per_token(model, config)
+    print(f"dryrun: config valid; model has {count_parameters(model):,} parameters, "
+          f"{flops / 1e6:,.1f} MFLOPs per token forward; device {runtime.device}")
+    return {"dryrun": True, "parameters": count_parameters(model), "flops_per_token": flops}
+
+
+def check_distributed(config: PretrainConfig, runtime, distributed) -> None:
+    """What the engines cannot do, said before any work (the same on every rank, so all ranks stop)."""
+    engine = distributed.engine
+    if engine == "fsdp2" and config.train.optim.name == "muon":
+        raise UserError("train.optim.name=muon cannot run under impl.distributed=fsdp2: Muon orthogonalises whole "
+                        "matrices and FSDP2 gives each rank a shard; use ddp, or another optimizer")
+    if engine == "fsdp2" and runtime.precision == "fp16":
+        raise UserError("impl.precision=fp16 is not supported with impl.distributed=fsdp2 (its grad scaler would "
+                        "see only this rank's shard); use bf16")
+    micro = microbatch_size(config)
+    if micro is not None and config.train.batch_size % (micro * distributed.world):
+        raise UserError(f"train.batch_size={config.train.batch_size} must be a multiple of impl.microbatch_size "
+                        f"x world size = {micro} x {distributed.world}: the global batch keeps its meaning on any "
+                        "number of GPUs")
+
+
+def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start: float) -> dict:
+    check_distributed(config, runtime, distributed)
+    say = print if distributed.main else (lambda *args, **kwargs: None)
+    run_dir = Path(distributed.broadcast(str(run_dir)))  # Hydra's folder of rank 0 is the run's folder
+    if distributed.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    runtime.device = dist_.device_for(distributed, runtime.device)
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
     torch.set_flush_denormal(True)
 
-    if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
-        model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, runtime)
-        flops = flops_per_token(model, config)
-        print(f"dryrun: config valid; model has {count_parameters(model):,} parameters, "
-              f"{flops / 1e6:,.1f} MFLOPs per token forward; device {runtime.device}")
-        return {"dryrun": True, "parameters": count_parameters(model), "flops_per_token": flops}
-
+    if not distributed.main:
+        distributed.barrier()  # rank 0 tokenizes and caches; the others then find the cache
     folder, meta = prepare_data(config.data)
+    if distributed.main:
+        distributed.barrier()
     tokenizer = load_tokenizer(folder)
     model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
+    torch.manual_seed(config.seed + distributed.rank)  # same initial weights everywhere, different dropout
     parameters, flops = count_parameters(model), flops_per_token(model, config)
-    print(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
+    engine = f", {distributed.engine} on {distributed.world} processes" if distributed.active else ""
+    say(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
           f"train), device {runtime.device}, precision {runtime.precision}, "
-          f"compile {runtime.compile}, attention {runtime.attention}, rotary {runtime.rotary}", flush=True)
+          f"compile {runtime.compile}, attention {runtime.attention}, rotary {runtime.rotary}{engine}", flush=True)
     model.to(runtime.device)
+    model = dist_.wrap(model, distributed, runtime.device)  # before the optimizer: FSDP2 swaps the parameters
     optimizer = build_optimizer(model, config.train, runtime.device)
     scaler = runtime.grad_scaler()
-    generator = torch.Generator(device=runtime.device).manual_seed(config.seed)  # masking draws
+    masks = PositionalMasks(config.seed, runtime.device)
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
-                                json.loads(json.dumps(asdict(config))))
+                                json.loads(json.dumps(asdict(config))), distributed)
     state = TrainState()
-    resume_from = find_resume(config.train.resume, run_dir, config)
+    resume_from = distributed.broadcast(find_resume(config.train.resume, run_dir, config) if distributed.main
+                                        else None)
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model, optimizer, scaler, generator)
-        carry_metrics(resume_from, run_dir, state.step)
-        print(f"resuming from {resume_from}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent",
+        state = load_checkpoint(resume_from, model, optimizer, scaler, distributed)
+        if distributed.main:
+            carry_metrics(resume_from, run_dir, state.step)
+        say(f"resuming from {resume_from}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent",
               flush=True)
     step_model = torch.compile(model) if runtime.compile else model
     stages = stage_factors(config.train.seq_schedule, meta["seq_length"])
@@ -107,10 +150,13 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     microbatch = microbatch_size(config)
     if microbatch is None:  # impl.microbatch_size=auto
         longest = sequence_length(meta["seq_length"], max(k for _, k in stages))
-        microbatch = auto_microbatch(model, config, meta["vocab_size"], longest, blocks, runtime,
+        microbatch = auto_microbatch(dist_.unwrap(model), config, meta["vocab_size"], longest, blocks, runtime,
                                      config.data.cache_dir)
-        print(f"microbatch: {microbatch} sequences (impl.microbatch_size=auto)", flush=True)
-    batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch,
+        microbatch = distributed.smallest(microbatch, runtime.device)  # the GPU with the least room decides
+        check_distributed(replace(config, impl=replace(config.impl, microbatch_size=microbatch)), runtime,
+                          distributed)
+        say(f"microbatch: {microbatch} sequences (impl.microbatch_size=auto)", flush=True)
+    batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch * distributed.world,
                             config.impl.num_workers, pin_memory=runtime.device.type == "cuda",
                             start=state.sequences, block=blocks)
     setup_seconds = time.time() - setup_start
@@ -119,30 +165,32 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     autocast = runtime.autocast()
     objective = build_objective(config.arch.objective, config.train, meta, runtime.device)
     val_batch = microbatch
+    eval_model = dist_.unwrap(model)  # every rank validates on all validation rows; FSDP2 needs them all anyway
     if not state.untrained:
-        state.untrained = validation_metrics(model, objective, folder, meta, config.train, val_batch,
+        state.untrained = validation_metrics(eval_model, objective, folder, meta, config.train, val_batch,
                                              runtime.device, autocast)
         if config.train.nonfinite == "rollback":  # a rollback needs somewhere to go from the first step on
-            checkpointer.save(model, optimizer, scaler, state, generator)
+            checkpointer.save(model, optimizer, scaler, state)
     untrained = state.untrained
     eval_seconds = time.time() - eval_start
-    print(f"untrained validation loss {untrained['val_loss']:.4f}", flush=True)
+    say(f"untrained validation loss {untrained['val_loss']:.4f}", flush=True)
 
-    log = MetricsLog(run_dir, config.train.tensorboard)
+    log = MetricsLog.for_run(run_dir, config) if distributed.main else SilentLog()
     try:
         result = train(step_model, optimizer, batches, objective, meta, config.train, microbatch,
                        Budget(config.budget * 3600, config.train.max_steps), runtime.device, autocast,
-                       scaler, log, state, generator, checkpointer)
+                       scaler, log, state, masks, checkpointer, distributed)
         eval_start = time.time()
-        final = validation_metrics(model, objective, folder, meta, config.train, val_batch, runtime.device, autocast)
+        final = validation_metrics(eval_model, objective, folder, meta, config.train, val_batch, runtime.device,
+                                   autocast)
         eval_seconds += time.time() - eval_start
         log.log({"step": result["steps"], **final})
     finally:
         log.close()
-    print(f"validation loss {final['val_loss']:.4f} (untrained {untrained['val_loss']:.4f}), "
+    say(f"validation loss {final['val_loss']:.4f} (untrained {untrained['val_loss']:.4f}), "
           f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
 
-    peak = runtime.peak_flops()
+    peak = runtime.peak_flops() and runtime.peak_flops() * distributed.world
     mfu = 3 * flops * result["tokens_per_s"] / peak if peak else None
     summary = {
         "name": config.name,
@@ -170,18 +218,36 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
         "budget_hours": config.budget,
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "device": str(runtime.device),
+        "distributed": {"engine": distributed.engine, "world_size": distributed.world},
         "precision": runtime.precision,
         "data": {"cache": str(folder), **{k: meta[k] for k in ("train_sequences", "val_sequences", "train_tokens",
                                                                 "val_tokens", "vocab_size")}},
         "config": asdict(config),
     }
-    path = save_checkpoint(model, tokenizer, summary, run_dir)
-    summary["checkpoint"] = str(path)
-    (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    if mfu is not None:
-        print(f"model FLOP utilisation {100 * mfu:.1f} % of {peak / 1e12:.0f} TFLOP/s", flush=True)
-    print(f"checkpoint: {path}", flush=True)
+    final_model = whole_model(model, distributed, config, meta, runtime)
+    if distributed.main:
+        path = save_checkpoint(final_model, tokenizer, summary, run_dir)
+        summary["checkpoint"] = str(path)
+        (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        if mfu is not None:
+            print(f"model FLOP utilisation {100 * mfu:.1f} % of {peak / 1e12:.0f} TFLOP/s", flush=True)
+        print(f"checkpoint: {path}", flush=True)
+    distributed.barrier()
     return summary
+
+
+def whole_model(model, distributed, config, meta, runtime):
+    """The trained model in one piece for the final checkpoint; FSDP2's shards are gathered onto rank 0's CPU."""
+    if distributed.engine != "fsdp2":
+        return dist_.unwrap(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not distributed.main:
+        return None
+    whole = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
+    whole.load_state_dict(weights)
+    return whole
 
 
 def carry_metrics(checkpoint: Path, run_dir: Path, step: int) -> None:

@@ -6,16 +6,31 @@
 - `sweep_objective`: what the run returns to a Hydra sweeper (Optuna minimises or maximises it): the final
   validation loss, or the GLUE average of the pretrained model (needs eval_after).
 - In a multirun, each job records itself in `<sweep dir>/manifest.json` (job number, folder, overrides,
-  status and objective), under a file lock, so parallel launchers can share it.
+  status and objective; for a failed job its one-line error and log), under a file lock, so parallel launchers
+  can share it.
+- One failing job does not end a sweep (`sweep_job`); the sweep's exit code and last line say which failed
+  (`SweepOutcome`).
 """
 
 import fcntl
+import functools
 import json
+import logging
 import os
+import sys
+import traceback
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import UserError
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+
+from .errors import EXIT_UNEXPECTED, RunStopped, UserError, exit_on_user_error, failure_line
+from .train.signals import EXIT_PREEMPTED
+
+EXIT_SWEEP_FAILED = 1  # a multirun in which at least one job failed
 
 
 def eval_after_config(config):
@@ -56,17 +71,106 @@ def objective_value(config, summary: dict, results: dict | None) -> float:
 
 
 def record_job(sweep_dir: Path, job: int, run_dir: Path, overrides: list[str], **fields) -> None:
-    """Add or update this job's entry in the sweep's manifest.json."""
+    """Add or update this job's entry in the sweep's manifest.json. `updated` tells SweepOutcome which entries
+    this launch wrote (a sweep continued in the same folder keeps the earlier launch's others)."""
     path = Path(sweep_dir) / "manifest.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        jobs = json.loads(path.read_text())["jobs"] if path.is_file() else []
+        jobs = read_manifest(sweep_dir)
         jobs = [j for j in jobs if j["job"] != job]
-        jobs.append({"job": job, "dir": str(Path(run_dir).resolve()), "overrides": list(overrides), **fields})
+        jobs.append({"job": job, "dir": str(Path(run_dir).resolve()), "overrides": list(overrides), **fields,
+                     "updated": datetime.now(timezone.utc).isoformat()})
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"jobs": sorted(jobs, key=lambda j: j["job"])}, indent=1))
         os.replace(tmp, path)
+
+
+def read_manifest(sweep_dir) -> list[dict]:
+    path = Path(sweep_dir) / "manifest.json"
+    return json.loads(path.read_text())["jobs"] if path.is_file() else []
+
+
+def sweep_job(fn):
+    """Wrap pretrain.py's task function. Alone, a run keeps exit_on_user_error's contract (one line, exit 2 or
+    the documented code). In a multirun one failing job must not end the sweep, and in Hydra 1.3 it would: the
+    SystemExit that exit_on_user_error raises escapes run_job (which catches only Exception) and ends the process;
+    an exception run_job does catch is re-raised by the basic sweeper once its batch is done (with a traceback),
+    and Optuna's sweeper ends the study on it (max_failure_rate=0). So a failing job prints its one line,
+    records itself as failed in manifest.json (the traceback of an unexpected exception goes to the job's log)
+    and returns None: the basic sweeper ignores return values, and Optuna's sweeper tells the trial FAIL (None
+    is not a float) and asks for the next one. A NaN would not do: optuna 2.10 refuses a NaN value and the
+    plugin's FAIL fallback then re-raises. SweepOutcome gives the sweep its non-zero exit at the end.
+    A stop signal (Ctrl-C, a preempted node) is meant for the whole sweep: it still ends it, with code 75."""
+    alone = exit_on_user_error(fn)
+
+    @functools.wraps(fn)
+    def wrapper(cfg):
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            return alone(cfg)
+        job = {"sweep_dir": hydra_cfg.sweep.dir, "job": hydra_cfg.job.num, "run_dir": hydra_cfg.runtime.output_dir,
+               "overrides": list(hydra_cfg.overrides.task)}
+        record_job(**job, status="running")  # first: a job whose config is rejected is in the manifest too
+        try:
+            value = fn(cfg)
+        except Exception as err:  # noqa: BLE001  any failure is this job's, not the sweep's
+            line, code = failure_line(err)
+            log = log_failure(line, err, with_traceback=code == EXIT_UNEXPECTED)
+            if code == EXIT_UNEXPECTED and log:
+                line += f" (traceback in {log})"
+            print(line, file=sys.stderr, flush=True)
+            stopped = isinstance(err, RunStopped) and code == EXIT_PREEMPTED
+            record_job(**job, status="stopped" if stopped else "failed", error=line, exit_code=code, log=log)
+            if stopped:
+                sys.exit(code)
+            return None
+        except BaseException:  # KeyboardInterrupt, SystemExit: they end the sweep, as they should
+            record_job(**job, status="stopped")
+            raise
+        record_job(**job, status="finished", objective=value)
+        return value
+
+    return wrapper
+
+
+def log_failure(line: str, err: BaseException, with_traceback: bool) -> str | None:
+    """Write a job's failure to its log file (Hydra's `<job dir>/<task name>.log`, the root logger's file
+    handlers only, so the console keeps one line) and return that file; with no log file, an unexpected
+    error's traceback goes to stderr instead."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        if with_traceback:
+            traceback.print_exception(err)
+        return None
+    exc_info = (type(err), err, err.__traceback__) if with_traceback else None
+    record = logging.LogRecord("cramming", logging.ERROR, __file__, 0, line, None, exc_info)
+    for handler in files:
+        handler.handle(record)
+    return files[0].baseFilename
+
+
+class SweepOutcome(Callback):
+    """A Hydra callback (conf/pretrain.yaml): when a multirun ends, one line naming the jobs that failed and
+    their logs, and exit code 1, so a script or CI sees a sweep with failures. It reads manifest.json, so it sees
+    jobs whatever the launcher; entries not written since the sweep started (an earlier launch's, when a sweep
+    is continued in the same folder) do not count."""
+
+    def __init__(self):
+        self.before: dict[int, str | None] = {}
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self.before = {j["job"]: j.get("updated") for j in read_manifest(config.hydra.sweep.dir)}
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        jobs = [j for j in read_manifest(sweep_dir) if j.get("updated") != self.before.get(j["job"], "")]
+        failed = [j for j in jobs if j["status"] != "finished"]
+        if failed:
+            where = ", ".join(f"#{j['job']} {j.get('log') or j['dir']}" for j in failed)
+            print(f"error: {len(failed)} of {len(jobs)} sweep jobs failed: {where} "
+                  f"(statuses: {sweep_dir / 'manifest.json'})", file=sys.stderr, flush=True)
+            sys.exit(EXIT_SWEEP_FAILED)
 
 
 SWEEP_FUNCTIONS = ("choice(", "range(", "interval(", "glob(", "tag(")

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO
 from test_experiments import SMOKE
+from test_sweep import TINY
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper",
                     reason="the Optuna sweeper plugin is not installed: pip install -e '.[optuna]'")
@@ -46,3 +47,28 @@ def test_three_trials_minimise_the_validation_loss(tmp_path):
     study = optuna.load_study(study_name="smoke", storage=storage)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 3
     assert study.best_value == pytest.approx(best.best_value)
+
+
+def test_a_failed_trial_is_told_to_optuna_and_the_study_goes_on(tmp_path):
+    """A trial whose config fails validation (3 heads do not divide 64) returns None: the plugin tells Optuna
+    FAIL and runs the next trial; the sweep exits 1 naming it. TPE with seed 0 proposes 3, then 2. (Not the grid
+    sampler: the plugin crashes when the grid's last trial fails, study.stop() raising in its FAIL branch.)"""
+    import optuna
+
+    sweep, storage = tmp_path / "sweep", f"sqlite:///{tmp_path / 'study.db'}"
+    tiny = [o for o in TINY if not o.startswith("arch.num_heads=")]
+    result = subprocess.run(
+        [sys.executable, "pretrain.py", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
+         "hydra.sweeper.sampler.seed=0", f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=failing",
+         "arch.num_heads=choice(2,3)", *tiny, f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 sweep jobs failed: ")
+    study = optuna.load_study(study_name="failing", storage=storage)
+    assert [(t.params["arch.num_heads"], t.state.name) for t in study.trials] == [(3, "FAIL"), (2, "COMPLETE")]
+    assert OmegaConf.load(sweep / "optimization_results.yaml").best_params == {"arch.num_heads": 2}
+    jobs = {job["dir"].rsplit("=", 1)[1]: job for job in json.loads((sweep / "manifest.json").read_text())["jobs"]}
+    assert jobs["3"]["status"] == "failed" and "arch.num_heads=3" in jobs["3"]["error"]
+    assert jobs["2"]["status"] == "finished" and jobs["2"]["objective"] == pytest.approx(study.best_value)

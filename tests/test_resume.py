@@ -97,14 +97,14 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint(tmp_path):
         opt = torch.optim.AdamW(model.parameters())
         scaler = torch.amp.GradScaler("cpu", enabled=False)
         ckpt = Checkpointer({str(tmp_path)!r}, None, 2, {{"seed": 0}})
-        ckpt.save(model, opt, scaler, TrainState(step=1), torch.Generator())
+        ckpt.save(model, opt, scaler, TrainState(step=1))
         real_save = torch.save
         def slow_save(obj, path):
             real_save(obj, path)
             print("writing", flush=True)
             time.sleep(60)  # killed here: state.pt written, marker not yet
         torch.save = slow_save
-        ckpt.save(model, opt, scaler, TrainState(step=2), torch.Generator())
+        ckpt.save(model, opt, scaler, TrainState(step=2))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "writing"
@@ -117,7 +117,7 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint(tmp_path):
     ckpt = Checkpointer(tmp_path, None, 2, {})
     model = torch.nn.Linear(4, 4)
     ckpt.save(model, torch.optim.AdamW(model.parameters()), torch.amp.GradScaler("cpu", enabled=False),
-              TrainState(step=3), torch.Generator())
+              TrainState(step=3))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000003"]
 
 
@@ -127,7 +127,7 @@ def test_a_checkpoint_never_holds_non_finite_weights(tmp_path):
         model.weight[0, 0] = float("nan")
     ckpt = Checkpointer(tmp_path, None, 2, {})
     assert ckpt.save(model, torch.optim.AdamW(model.parameters()), torch.amp.GradScaler("cpu", enabled=False),
-                     TrainState(step=1), torch.Generator()) is None
+                     TrainState(step=1)) is None
     assert complete_checkpoints(tmp_path) == []
 
 
@@ -137,7 +137,7 @@ def test_keep_checkpoints_and_resume_choices(tmp_path):
     config = config_for(*TINY)
     ckpt = Checkpointer(tmp_path / "run", None, 2, json.loads(json.dumps(__import__("dataclasses").asdict(config))))
     for step in (1, 2, 3):
-        ckpt.save(model, opt, torch.amp.GradScaler("cpu", enabled=False), TrainState(step=step), torch.Generator())
+        ckpt.save(model, opt, torch.amp.GradScaler("cpu", enabled=False), TrainState(step=step))
     assert [p.name for p in complete_checkpoints(tmp_path / "run")] == ["step-00000002", "step-00000003"]
     assert find_resume("never", tmp_path / "run", config) is None
     assert find_resume("auto", tmp_path / "run", config).name == "step-00000003"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from matplotlib.image import imread
 
 from conftest import REPO, needs_shared, one_line_error, run_pretrain
@@ -80,3 +81,43 @@ def test_swept_values_are_told_from_fixed_ones():
     assert named[2] == "hydra.job.config.override_dirname.exclude_keys=[name,budget,experiment]"
     assert named[:2] + named[3:] == argv
     assert name_jobs_by_swept_keys(argv[:1] + argv[2:]) == argv[:1] + argv[2:]  # not a multirun: unchanged
+
+
+def test_a_failing_job_does_not_end_the_sweep(tmp_path):
+    """The middle job's value composes but fails validation (3 heads do not divide 64): the other two still run,
+    the manifest says which failed and why, and the sweep exits 1 with one line naming the failed job's log."""
+    tiny = [o for o in TINY if not o.startswith("arch.num_heads=")]
+    result = run_pretrain("-m", *tiny, "arch.num_heads=2,3,4", f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    jobs = json.loads((tmp_path / "manifest.json").read_text())["jobs"]
+    assert [job["status"] for job in jobs] == ["finished", "failed", "finished"]
+    failed = jobs[1]
+    assert failed["exit_code"] == 2 and "arch.num_heads=3" in failed["error"]
+    assert failed["error"] in Path(failed["log"]).read_text()
+    for job in (jobs[0], jobs[2]):
+        assert (Path(job["dir"]) / "checkpoint" / "model.safetensors").is_file() and job["objective"] > 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors[0] == failed["error"]  # the job's own line, once
+    assert len(errors) == 2 and errors[1] == result.stderr.strip().splitlines()[-1]
+    assert errors[1].startswith("error: 1 of 3 sweep jobs failed: #1 ") and failed["log"] in errors[1]
+
+
+def test_the_sweep_outcome_counts_this_launch_only(tmp_path, capsys):
+    """A sweep continued in the same folder: an earlier launch's failed entry does not fail this one."""
+    from omegaconf import OmegaConf
+
+    from cramming.sweep import SweepOutcome, record_job
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    record_job(tmp_path, 0, tmp_path / "0", [], status="failed", error="error: earlier")
+    record_job(tmp_path, 1, tmp_path / "1", [], status="stopped", error="stopped: earlier")
+    outcome = SweepOutcome()
+    outcome.on_multirun_start(config)
+    record_job(tmp_path, 1, tmp_path / "1", [], status="finished", objective=1.0)
+    outcome.on_multirun_end(config)  # job 0 is the earlier launch's: no exit
+    record_job(tmp_path, 2, tmp_path / "2", [], status="failed", error="error: now", log=str(tmp_path / "2.log"))
+    with pytest.raises(SystemExit) as exit_:
+        outcome.on_multirun_end(config)
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.startswith(f"error: 1 of 2 sweep jobs failed: #2 {tmp_path / '2.log'} ")

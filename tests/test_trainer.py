@@ -10,6 +10,7 @@ from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
 from cramming.impl import Runtime
 from cramming.pretraining import build_model
+from cramming.train.masking import PositionalMasks
 from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
 from cramming.train.resume import Checkpointer
@@ -43,10 +44,10 @@ def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-nev
     log = ListLog()
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     objective = build_objective("mlm", train_cfg, meta, cpu)
-    generator = torch.Generator().manual_seed(seed)
+    masks = PositionalMasks(seed, cpu)
     checkpointer = Checkpointer(tmp_dir, None, 1, {})
     result = train(model, optimizer, batches, objective, meta, train_cfg, microbatch, budget, cpu,
-                   contextlib.nullcontext, scaler, log, TrainState(), generator, checkpointer)
+                   contextlib.nullcontext, scaler, log, TrainState(), masks, checkpointer)
     return result, log.records
 
 

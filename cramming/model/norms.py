@@ -29,7 +29,7 @@ class ScaleNorm(nn.Module):
     def __init__(self, dim: int, eps: float, bias: bool):
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.scale = nn.Parameter(torch.tensor(dim**0.5))
+        self.scale = nn.Parameter(torch.full((1,), dim**0.5))  # 1-D, not a scalar: FSDP2 shards only tensors
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * (self.scale / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(self.eps))

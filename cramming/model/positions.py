@@ -51,7 +51,7 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
 
     def __init__(self, config):
         super().__init__(config)
-        self.scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(config.hidden_size)))
+        self.scale = nn.Parameter(torch.full((1,), 1.0 / math.sqrt(config.hidden_size)))  # 1-D for FSDP2
 
     def forward(self, seq_len: int) -> torch.Tensor:
         return self.scale * self.table[:seq_len]

@@ -5,7 +5,7 @@ import torch
 from ..data.loader import validation_batches
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: FSDP2 would keep its unsharded weights as inference tensors
 def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: int, device, autocast) -> dict:
     was_training = model.training
     model.eval()

@@ -39,3 +39,16 @@ def mask_tokens(
     chosen = torch.where(replace_with_random, random_tokens, chosen)
     inputs.scatter_(1, positions, chosen)
     return inputs, labels
+
+
+class PositionalMasks:
+    """Mask draws as a function of (seed, position in the training stream), not of a generator's history: a
+    resumed run, and every rank of a distributed one, draw exactly the masks one uninterrupted process would,
+    and there is no generator state to save."""
+
+    def __init__(self, seed: int, device):
+        self.seed = seed
+        self.generator = torch.Generator(device=device)
+
+    def at(self, position: int) -> torch.Generator:
+        return self.generator.manual_seed((self.seed << 40) + position)

@@ -1,9 +1,10 @@
 """Intermediate checkpoints and resuming from them.
 
-A checkpoint is `checkpoints/step-<n>/` under the run directory: `state.pt` (model, optimizer, grad scaler,
-every RNG state, the trainer's TrainState with the data position and elapsed budget) and `COMPLETE`, written
-last. It is written into `step-<n>.tmp/`, flushed to disk and only then renamed, so a folder without the `.tmp`
-suffix and with its marker is whole; anything else (a run killed mid-write) is ignored and cleaned up.
+A checkpoint is `checkpoints/step-<n>/` under the run directory: `state.pt` (model, optimizer, grad scaler, the
+trainer's TrainState with the data position and elapsed budget), `rng-<rank>.pt` (every RNG state of each
+process) and `COMPLETE`, written last. Under FSDP2 the model and optimizer are in `sharded/` instead. It is
+written into `step-<n>.tmp/`, flushed to disk and only then renamed, so a folder without the `.tmp` suffix and
+with its marker is whole; anything else (a run killed mid-write) is ignored and cleaned up.
 """
 
 import json
@@ -14,16 +15,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from ..distributed import Distributed, unwrap
 from ..errors import UserError
 from .state import TrainState, capture_rng, restore_rng
 
 MARKER = "COMPLETE"
+SHARDED = "sharded"  # FSDP2's model and optimizer shards, written by torch.distributed.checkpoint
 FINAL_SUMMARY = Path("checkpoint") / "train_summary.json"
 # Keys that may change between a run and its resumption without changing what is trained.
 RUNTIME_KEYS = {("train", "resume"), ("train", "checkpoint_every_minutes"), ("train", "keep_checkpoints"),
                 ("impl", "num_workers"), ("impl", "compile"), ("train", "log_every"), ("train", "tensorboard"),
-                ("dryrun",), ("name",)}
+                ("train", "wandb"), ("train", "wandb_project"), ("dryrun",), ("name",)}
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -34,7 +39,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def _fsync_tree(folder: Path) -> None:
-    for path in [*folder.iterdir(), folder]:
+    for path in [*folder.rglob("*"), folder]:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -43,36 +48,55 @@ def _fsync_tree(folder: Path) -> None:
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, every_minutes: float | None, keep: int, config: dict):
+    """Writes and finds checkpoints. Distributed: every rank writes its RNG state, FSDP2's shards go through
+    torch.distributed.checkpoint (`sharded/`), and rank 0 alone writes the rest, the marker and the rename."""
+
+    def __init__(self, run_dir: Path, every_minutes: float | None, keep: int, config: dict,
+                 distributed: Distributed | None = None):
         self.folder = Path(run_dir) / "checkpoints"
         self.every = None if every_minutes is None else every_minutes * 60
         self.keep, self.config = keep, config
+        self.dist = distributed or Distributed()
         self.last_save = time.perf_counter()
 
     def due(self) -> bool:
         return self.every is not None and time.perf_counter() - self.last_save >= self.every
 
-    def save(self, model, optimizer, scaler, state: TrainState, generator) -> Path | None:
+    def save(self, model, optimizer, scaler, state: TrainState) -> Path | None:
         """Write a checkpoint, or return None without writing if any weight is not finite."""
         started = time.perf_counter()
-        model = getattr(model, "_orig_mod", model)
-        if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):  # one sync
+        model = unwrap(model)
+        finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+        if self.dist.agree(not bool(finite), device=finite.device)[0]:  # one sync; any rank's shard counts
             return None
         final = self.folder / f"step-{state.step:08d}"
         tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                    "rng": capture_rng(generator), "state": state.to_dict(), "config": self.config}, tmp / "state.pt")
-        (tmp / "config.json").write_text(json.dumps(self.config))  # read by find_resume without loading tensors
-        (tmp / MARKER).write_text(json.dumps({"step": state.step, "written_at": time.time()}))
-        _fsync_tree(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        for old in complete_checkpoints(self.folder.parent)[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in self.folder.glob("*.tmp"):  # left by a run killed while writing
-            shutil.rmtree(stale, ignore_errors=True)
+        if self.dist.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.dist.barrier()
+        saved = {"scaler": scaler.state_dict(), "state": state.to_dict(), "config": self.config}
+        if self.dist.engine == "fsdp2":
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / SHARDED)
+        else:
+            saved.update(model=model.state_dict(), optimizer=optimizer.state_dict())
+        if self.dist.main:
+            torch.save(saved, tmp / "state.pt")
+            (tmp / "config.json").write_text(json.dumps(self.config))  # read by find_resume, no tensors loaded
+        torch.save(capture_rng(), tmp / f"rng-{self.dist.rank}.pt")
+        self.dist.barrier()
+        if self.dist.main:
+            (tmp / MARKER).write_text(json.dumps({"step": state.step, "world": self.dist.world,
+                                                  "written_at": time.time()}))
+            _fsync_tree(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(tmp, final)
+            for old in complete_checkpoints(self.folder.parent)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+            for stale in self.folder.glob("*.tmp"):  # left by a run killed while writing
+                shutil.rmtree(stale, ignore_errors=True)
+        self.dist.barrier()
         self.last_save = time.perf_counter()
         state.checkpoint_seconds += self.last_save - started
         return final
@@ -82,22 +106,36 @@ class Checkpointer:
         return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model, optimizer, scaler, generator) -> TrainState:
+def load_checkpoint(path: Path, model, optimizer, scaler, distributed: Distributed | None = None) -> TrainState:
     """Restore everything saved in `path` into the given objects; returns the trainer state."""
-    saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
-    getattr(model, "_orig_mod", model).load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    scaler.load_state_dict(saved["scaler"])
-    restore_rng(saved["rng"], generator)
+    distributed = distributed or Distributed()
+    saved = load_weights(path, model, optimizer, scaler, distributed)
+    rng = Path(path) / f"rng-{distributed.rank}.pt"
+    if rng.is_file():
+        restore_rng(torch.load(rng, weights_only=False))
+    else:  # resumed on more processes than wrote the checkpoint: the data and masks still continue exactly
+        print(f"{path} has no random state for rank {distributed.rank}; dropout draws start afresh", flush=True)
     return TrainState(**saved["state"])
 
 
-def load_weights(path: Path, model, optimizer, scaler) -> None:
-    """A rollback: model, optimizer and scaler only; the clock, data position and RNG keep moving forward."""
-    saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
-    getattr(model, "_orig_mod", model).load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+def load_weights(path: Path, model, optimizer, scaler, distributed: Distributed | None = None) -> dict:
+    """Model, optimizer and scaler (a rollback needs no more: the clock, data and RNG keep moving forward)."""
+    distributed = distributed or Distributed()
+    saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    model = unwrap(model)
+    sharded = Path(path) / SHARDED
+    if sharded.is_dir() != (distributed.engine == "fsdp2"):
+        raise UserError(f"{path} was written {'with' if sharded.is_dir() else 'without'} impl.distributed=fsdp2 "
+                        "and must be resumed the same way")
+    if distributed.engine == "fsdp2":
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=sharded)
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    else:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
     scaler.load_state_dict(saved["scaler"])
+    return saved
 
 
 def config_differences(saved: dict, current: dict, prefix=()) -> list[str]:

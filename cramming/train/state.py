@@ -26,21 +26,20 @@ class TrainState:
         return asdict(self)
 
 
-def capture_rng(generator: torch.Generator) -> dict:
-    """Every random stream a step draws from: Python, NumPy, torch (CPU and CUDA) and the masking generator."""
+def capture_rng() -> dict:
+    """Every random stream a step may draw from: Python, NumPy, torch (CPU and CUDA). Masks need none: they are
+    seeded by their position in the data stream (masking.PositionalMasks)."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "generator": generator.get_state(),
     }
 
 
-def restore_rng(saved: dict, generator: torch.Generator) -> None:
+def restore_rng(saved: dict) -> None:
     random.setstate(saved["python"])
     np.random.set_state(saved["numpy"])
     torch.set_rng_state(saved["torch"])
     if saved["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(saved["cuda"])
-    generator.set_state(saved["generator"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from ..distributed import Distributed, full_norm, gradient_sync
 from ..errors import RunStopped
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .resume import load_weights
@@ -43,22 +44,29 @@ def set_learning_rate(optimizer, factor: float) -> None:
 
 
 def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatch_size: int, budget: Budget,
-          device, autocast, scaler, log, state, generator, checkpointer) -> dict:
+          device, autocast, scaler, log, state, masks, checkpointer, distributed=None) -> dict:
     """Train from `state` (fresh or resumed) until the budget is spent. Raises RunStopped on a stop signal
-    (after checkpointing) or when train.nonfinite gives up."""
+    (after checkpointing) or when train.nonfinite gives up.
+
+    `batches` yields global microbatches (microbatch_size x world rows) of which this rank takes its slice;
+    `masks` draws each microbatch's masks from its position in the stream."""
+    distributed = distributed or Distributed()
+    world, rank = distributed.world, distributed.rank
     schedule = SCHEDULES.get_or_explain(cfg_train.schedule)
     by_steps = progress_by_steps(cfg_train.schedule)
     stages = stage_factors(cfg_train.seq_schedule, meta["seq_length"])
     model.train()
     bar = tqdm(total=100, desc="training", bar_format="{l_bar}{bar}| {n:.1f}% [{elapsed}<{remaining}]{postfix}",
-               mininterval=1)
+               mininterval=1, disable=not distributed.main)
     start = time.perf_counter() - state.elapsed
     with StopFlag() as stop:
-        while (fraction := budget.fraction(time.perf_counter() - start, state.step)) < 1.0:
+        # state.elapsed is the clock as all ranks agreed on it at the end of the previous step
+        while (fraction := budget.fraction(state.elapsed, state.step)) < 1.0:
             step_start = time.perf_counter()
             progress = state.step / budget.max_steps if by_steps else fraction
-            batch_size = batch_size_at(progress, cfg_train.batch_size, microbatch_size, cfg_train.batch_ramp)
-            accumulation = batch_size // microbatch_size
+            granule = microbatch_size * world  # one microbatch on every rank
+            batch_size = batch_size_at(progress, cfg_train.batch_size, granule, cfg_train.batch_ramp)
+            accumulation = batch_size // granule
             rows_per_sequence = factor_at(stages, progress)  # the curriculum's stage
             factor = schedule(progress, cfg_train.warmup, cfg_train.cooldown) * state.lr_scale
             set_learning_rate(optimizer, factor)
@@ -67,16 +75,20 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
             step_loss = torch.zeros((), device=device)
             done = step_tokens = 0
             while done < accumulation:
-                batch = regroup(next(batches), rows_per_sequence).to(device, non_blocking=True)
-                state.sequences += microbatch_size  # rows of the stream: the data position
-                step_tokens += batch.numel()
-                inputs, labels = objective.batch(batch, generator)
-                with autocast():
-                    loss = model(input_ids=inputs, labels=labels).loss / accumulation
-                scaler.scale(loss).backward()
+                sequences = microbatch_size // rows_per_sequence  # per rank, after joining rows
+                batch = regroup(next(batches), rows_per_sequence)[rank * sequences:(rank + 1) * sequences]
+                batch = batch.to(device, non_blocking=True)
+                position = state.sequences + rank * microbatch_size  # this rank's first row in the stream
+                state.sequences += granule  # rows of the stream: the data position
+                step_tokens += batch.numel() * world
+                inputs, labels = objective.batch(batch, masks.at(position))
+                with gradient_sync(model, distributed, last_microbatch=done + 1 == accumulation):
+                    with autocast():
+                        loss = model(input_ids=inputs, labels=labels).loss / accumulation
+                    scaler.scale(loss).backward()
                 step_loss += loss.detach()
                 done += 1
-                if time.perf_counter() - start >= budget.seconds:
+                if not distributed.active and time.perf_counter() - start >= budget.seconds:
                     break  # out of time inside a large accumulated step: take it with what is there
             if done < accumulation:  # rescale so the update is the mean over the microbatches actually seen
                 for param in model.parameters():
@@ -85,8 +97,9 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                 step_loss *= accumulation / done
                 batch_size = done * microbatch_size
 
+            step_loss = distributed.mean(step_loss)  # the gradients are already the mean over ranks
             scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_train.grad_clip or math.inf)
+            grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_train.grad_clip or math.inf))
             # One host sync per step: the price of never applying a NaN. With fp16 the grad scaler owns
             # non-finite gradients (it skips the step and lowers its scale), so only the loss is ours to check.
             finite = torch.isfinite(step_loss)
@@ -95,6 +108,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
             if not bool(finite):
                 optimizer.zero_grad(set_to_none=True)
                 handle_nonfinite(cfg_train, state, step_loss, grad_norm, model, optimizer, scaler, checkpointer, log)
+                state.elapsed = distributed.agree(time.perf_counter() - start, device=device)[0]
                 continue
             scaler.step(optimizer)
             scaler.update()
@@ -105,7 +119,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
 
             if state.step == 1 and state.compile_seconds == 0.0:
                 state.compile_seconds = time.perf_counter() - step_start
-            if state.step % cfg_train.log_every == 0:
+            if state.step % cfg_train.log_every == 0 and distributed.main:
                 state.last_loss = step_loss.item()
                 elapsed = time.perf_counter() - start
                 log.log({
@@ -116,16 +130,19 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                     "budget_fraction": round(budget.fraction(elapsed, state.step), 5),
                 })
                 bar.set_postfix_str(f"loss {state.last_loss:.3f} lr {lr:.2e} batch {batch_size}", refresh=False)
-            state.elapsed = time.perf_counter() - start
-            if stop.signal is not None or checkpointer.due():
-                saved = checkpointer.save(model, optimizer, scaler, state, generator)
-                if stop.signal is not None:
+            # one agreement per step: the slowest clock, and a signal or a due checkpoint on any rank
+            state.elapsed, stopped, due = distributed.agree(time.perf_counter() - start, stop.signal is not None,
+                                                            checkpointer.due(), device=device)
+            if stopped or due:
+                saved = checkpointer.save(model, optimizer, scaler, state)
+                state.elapsed = distributed.agree(time.perf_counter() - start, device=device)[0]
+                if stopped:
                     bar.close()
-                    raise RunStopped(f"stopped by {stop.signal} at step {state.step}; checkpoint {saved}; run the "
-                                     "same command again to resume (train.resume=auto)", EXIT_PREEMPTED)
-            bar.n = round(100 * budget.fraction(time.perf_counter() - start, state.step), 1)
+                    raise RunStopped(f"stopped by {stop.signal or 'a signal to another rank'} at step {state.step}; "
+                                     f"checkpoint {saved}; run the same command again to resume "
+                                     "(train.resume=auto)", EXIT_PREEMPTED)
+            bar.n = round(100 * budget.fraction(state.elapsed, state.step), 1)
             bar.refresh()
-    state.elapsed = time.perf_counter() - start
     bar.n = 100
     bar.close()
     if state.step and state.step % cfg_train.log_every:
@@ -151,12 +168,13 @@ def handle_nonfinite(cfg_train, state, loss, grad_norm, model, optimizer, scaler
         raise RunStopped(f"{what} (train.nonfinite=halt); last checkpoint: {checkpointer.latest()}", EXIT_NONFINITE)
     if cfg_train.nonfinite == "rollback":
         latest = checkpointer.latest()
-        load_weights(latest, model, optimizer, scaler)
+        load_weights(latest, model, optimizer, scaler, checkpointer.dist)
         state.rollbacks += 1
         state.lr_scale *= cfg_train.rollback_lr_factor
         log.log({"step": state.step, "event": "rollback", "reason": what, "checkpoint": str(latest),
                  "lr_scale": state.lr_scale})
-        print(f"{what}: rolled back to {latest}, learning rate now x{state.lr_scale:g}", flush=True)
+        if checkpointer.dist.main:
+            print(f"{what}: rolled back to {latest}, learning rate now x{state.lr_scale:g}", flush=True)
         return
     state.skipped += 1
     state.skipped_in_row += 1
