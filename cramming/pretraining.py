@@ -99,6 +99,12 @@ def check_distributed(config: PretrainConfig, runtime, distributed) -> None:
         raise UserError("impl.precision=fp16 is not supported with impl.distributed=fsdp2 (its grad scaler would "
                         "see only this rank's shard); use bf16")
     micro = microbatch_size(config)
+    if micro is None and engine == "fsdp2":
+        raise UserError("impl.microbatch_size=auto cannot probe a sharded model (every rank would have to fail "
+                        "together); give impl.microbatch_size a number under impl.distributed=fsdp2")
+    if config.train.batch_size % distributed.world:
+        raise UserError(f"train.batch_size={config.train.batch_size} must be a multiple of the world size "
+                        f"{distributed.world}: the global batch keeps its meaning on any number of GPUs")
     if micro is not None and config.train.batch_size % (micro * distributed.world):
         raise UserError(f"train.batch_size={config.train.batch_size} must be a multiple of impl.microbatch_size "
                         f"x world size = {micro} x {distributed.world}: the global batch keeps its meaning on any "
@@ -150,7 +156,8 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
     microbatch = microbatch_size(config)
     if microbatch is None:  # impl.microbatch_size=auto
         longest = sequence_length(meta["seq_length"], max(k for _, k in stages))
-        microbatch = auto_microbatch(dist_.unwrap(model), config, meta["vocab_size"], longest, blocks, runtime,
+        per_rank = replace(config, train=replace(config.train, batch_size=config.train.batch_size // distributed.world))
+        microbatch = auto_microbatch(dist_.unwrap(model), per_rank, meta["vocab_size"], longest, blocks, runtime,
                                      config.data.cache_dir)
         microbatch = distributed.smallest(microbatch, runtime.device)  # the GPU with the least room decides
         check_distributed(replace(config, impl=replace(config.impl, microbatch_size=microbatch)), runtime,

@@ -101,8 +101,12 @@ def test_what_the_engines_cannot_do_is_refused_before_any_work():
     runtime = resolve(config.impl, config.arch)
     fsdp = Distributed("fsdp2", rank=0, world=2)
     check_distributed(config, runtime, fsdp)  # 16 = 4 x 2 x 2
-    with pytest.raises(UserError, match="multiple of impl.microbatch_size x world size = 4 x 3"):
+    with pytest.raises(UserError, match="multiple of impl.microbatch_size x world size = 4 x 8"):
+        check_distributed(config, runtime, Distributed("ddp", rank=0, world=8))
+    with pytest.raises(UserError, match="must be a multiple of the world size 3"):
         check_distributed(config, runtime, Distributed("ddp", rank=0, world=3))
+    with pytest.raises(UserError, match="auto cannot probe a sharded model"):
+        check_distributed(config_for(*TINY, "train.max_steps=4", "impl.microbatch_size=auto"), runtime, fsdp)
     with pytest.raises(UserError, match="muon cannot run under impl.distributed=fsdp2"):
         check_distributed(config_for(*TINY, "train.max_steps=4", "train.optim.name=muon"), runtime, fsdp)
 
