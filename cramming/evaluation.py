@@ -10,6 +10,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
@@ -121,6 +122,7 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     tokenizer, model_config = check_checkpoint(checkpoint)
     tasks, skipped = load_tasks(config)  # every task's files read and checked before any training
     runtime = impl_.resolve(config.impl)
+    torch.set_flush_denormal(True)  # as in pretraining: AdamW's moments decay into slow x86 denormals otherwise
     # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

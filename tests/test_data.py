@@ -71,6 +71,27 @@ def test_packing_round_trip_and_no_leakage(tmp_path):
     assert 0.03 < len(decoded["val"]) / len(texts) < 0.2  # about validation_fraction=0.1
 
 
+def test_packed_stream_is_the_plain_per_document_encoding(tmp_path):
+    """The fast paths (encode_batch_fast, one write per batch and split, period counts read in blocks) give exactly
+    the stream of plain per-document encodings, each closed by [SEP], and the counts of the rows read back."""
+    import hashlib
+
+    texts = make_corpus(tmp_path / "src")
+    folder, meta = prepare_data(data_config(tmp_path / "src", tmp_path / "cache"))
+    tok = load_tokenizer(folder)
+    streams = {"train": [], "val": []}
+    for text in texts:
+        digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        split = "val" if int.from_bytes(digest[:8], "little") / 2**64 < 0.1 else "train"
+        streams[split] += tok.backend_tokenizer.encode(text, add_special_tokens=False).ids + [tok.sep_token_id]
+    for split, ids in streams.items():
+        assert np.fromfile(folder / f"{split}.bin", dtype=meta["dtype"]).tolist() == ids
+    train = open_split(folder, meta, "train")
+    expected = [int((train[i][1:] == meta["period_id"]).sum()) for i in range(len(train))]
+    assert np.load(folder / "train_periods.npy").tolist() == expected
+    assert train.count_per_sequence(meta["period_id"], block=3).tolist() == expected  # blocks not dividing it
+
+
 def test_dedup_filter_and_caps(tmp_path):
     texts = make_corpus(tmp_path / "src", docs=100)
     (tmp_path / "src" / "copy.txt").write_text("\n\n".join(texts[:40]), encoding="utf-8")

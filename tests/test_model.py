@@ -223,6 +223,11 @@ def test_causal_loss_is_next_token_cross_entropy():
     out = model(ids, labels=ids)
     want = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(out.loss, want)
+    # the shifted-target loss (no slice of the logits) has the sliced loss's gradients too
+    got = torch.autograd.grad(out.loss, list(model.parameters()), retain_graph=True)
+    expected = torch.autograd.grad(want, list(model.parameters()))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
     with pytest.raises(ValueError, match="AutoModelForMaskedLM"):
         CrammedForCausalLM(tiny(objective="mlm"))
 

@@ -172,3 +172,24 @@ def test_optimizer_problem_and_unknown_name():
     assert "choose one of: adamw, lion, muon, sgd" in optimizer_problem("adam")
     with pytest.raises(ValueError, match="unknown optimizer 'adam'"):
         build_optimizer(tiny_model(), TrainConfig(optim=OptimConfig(name="adam")), CPU)
+
+
+def test_finetuning_fused_adamw_takes_the_plain_adamw_steps():
+    """eval's fine-tuning uses the fused AdamW (its for-loop twin was most of a CPU fine-tuning step): the same
+    recipe gives the same weights, step by step, as the plain one."""
+    from types import SimpleNamespace
+
+    from cramming.eval.finetune import build_optimizer as finetune_optimizer
+
+    recipe = SimpleNamespace(lr=4e-5, betas=[0.9, 0.98], eps=1e-6, weight_decay=0.01)
+    models = [tiny_model(), tiny_model()]
+    optimizers = [finetune_optimizer(models[0], recipe), finetune_optimizer(models[1], recipe, fused=False)]
+    assert optimizers[0].defaults["fused"] and not optimizers[1].defaults["fused"]
+    labels = BATCH.masked_fill(torch.rand(BATCH.shape, generator=torch.Generator().manual_seed(2)) > 0.3, -100)
+    for _ in range(3):
+        for model, optimizer in zip(models, optimizers):
+            model(input_ids=BATCH, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for fused, plain in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-7)

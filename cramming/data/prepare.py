@@ -127,8 +127,16 @@ def _get_tokenizer(cfg, source):
     return tokenizer
 
 
-def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
+def encoder(tokenizer):
+    """The backend's batch encoder without special tokens. `encode_batch_fast` (tokenizers >= 0.21) gives the same
+    ids without tracking character offsets, which we never read: about a quarter of the encoding time."""
     backend = tokenizer.backend_tokenizer
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    return lambda texts: encode(texts, add_special_tokens=False)
+
+
+def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
+    encode = encoder(tokenizer)
     dtype = np.uint16 if len(tokenizer) <= 2**16 else np.uint32
     sep = tokenizer.sep_token_id
     counts = {"documents_read": 0, "duplicates": 0, "filtered": 0, "train_documents": 0, "val_documents": 0}
@@ -148,15 +156,19 @@ def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
                 keep.append(text)
                 digests.append(digest)
             counts["documents_read"] += len(batch)
-            for text, digest, enc in zip(keep, digests, backend.encode_batch(keep, add_special_tokens=False)):
+            pending = {"train": [], "val": []}  # this batch's ids per split, written in one call each
+            for text, digest, enc in zip(keep, digests, encode(keep)):
                 ids = enc.ids
                 if not ids or (cfg.filter_threshold is not None and len(ids) / len(text) >= cfg.filter_threshold):
                     counts["filtered"] += 1
                     continue
                 split = "val" if int.from_bytes(digest[:8], "little") / 2**64 < cfg.validation_fraction else "train"
-                np.asarray(ids + [sep], dtype=dtype).tofile(files[split])
+                pending[split].extend(ids)
+                pending[split].append(sep)
                 tokens[split] += len(ids) + 1
                 counts[f"{split}_documents"] += 1
+            for split, ids in pending.items():
+                np.array(ids, dtype=dtype).tofile(files[split])
             progress.update(len(batch))
             progress.set_postfix(tokens=f"{tokens['train'] + tokens['val']:,}")
             if cfg.max_tokens is not None and tokens["train"] + tokens["val"] >= cfg.max_tokens:

@@ -1,0 +1,109 @@
+"""Section 5 (CUDA only): the kernel micro-benchmarks and end-to-end crammed-bert training throughput and MFU.
+
+Kernels: scripts/bench_kernels.py in a subprocess (its own docstring says how it measures); its targets are copied
+into this report. End to end: crammed-bert at seq 128, built as pretrain.py builds it with impl=gpu (bf16 autocast,
+torch.compile, the Triton kernels), full training steps (mask, forward, backward, clip, fused AdamW) on random
+tokens; after warm-up steps (compilation), the median step. MFU = 3 x forward FLOPs/token
+(cramming.pretraining.flops_per_token) x tokens/s / bf16 peak, against the datasheet peak (cramming.impl
+PEAK_TFLOPS) and, beside it, a bf16 matmul measured here. Without a GPU the section is skipped; --smoke runs the same
+end-to-end code on CPU with a tiny model (fp32, eager) so the path is exercised.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .common import REPO, MatmulPeak, compose_config, table, target, timed
+from .train import SMOKE_ARCH
+
+
+def kernels(out: Path, max_seconds: float) -> tuple[list[dict], str]:
+    """Run bench_kernels.py; its targets as ours, and the path of its tables."""
+    args = [sys.executable, str(REPO / "scripts" / "bench_kernels.py"), "--out", str(out), "--max-seconds",
+            str(max_seconds)]
+    result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        return [target("gpu", "kernels: bench_kernels.py", None, f"failed: {tail[0]}", "report", None)], ""
+    res = json.loads((out / "kernels.json").read_text())
+    rows = [{"section": "gpu", "name": f"kernels: {t['name']}", "value": t["worst"],
+             "shown": "-" if t["worst"] is None else f"{t['worst']:.3g} (worst)",
+             "target": "report" if t["threshold"] is None else f">= {t['threshold']:g} (worst case)",
+             "status": t["status"]} for t in res["targets"]]
+    return rows, str(out / "kernels.md")
+
+
+def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool) -> dict:
+    from cramming.data.tokenizer import SPECIAL_IDS
+    from cramming.impl import resolve
+    from cramming.pretraining import build_model, flops_per_token
+    from cramming.train.objectives import build_objective
+    from cramming.train.optim import build_optimizer
+
+    seq, vocab = (32, 512) if smoke else (128, 32768)
+    overrides = ["arch=crammed-bert", f"data.seq_length={seq}", f"data.vocab_size={vocab}",
+                 f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", *(SMOKE_ARCH if smoke else [])]
+    config = compose_config(overrides)
+    runtime = resolve(config.impl, config.arch)
+    model = build_model(config.arch, vocab, SPECIAL_IDS, runtime).to(device)
+    step_model = torch.compile(model) if runtime.compile else model
+    optimizer = build_optimizer(model, config.train, device)
+    objective = build_objective("mlm", config.train, {"special_ids": SPECIAL_IDS, "vocab_size": vocab}, device)
+    autocast, generator = runtime.autocast(), torch.Generator(device=device).manual_seed(0)
+
+    def step():
+        ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
+        inputs, labels = objective.batch(ids, generator)
+        with autocast():
+            loss = step_model(input_ids=inputs, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    for _ in range(warmup):
+        timed(step, device)
+    times = [timed(step, device) for _ in range(steps)]
+    median = statistics.median(times)
+    dtype = torch.bfloat16 if runtime.precision == "bf16" else torch.float32
+    peak = MatmulPeak(device, dtype, 256 if smoke else 8192)
+    peak.sample(5)
+    tokens_per_s = batch * seq / median
+    flops = flops_per_token(model, config)
+    datasheet = runtime.peak_flops()
+    return {"arch": "crammed-bert" + (" (smoke: tiny, CPU)" if smoke else ""), "batch": batch, "seq": seq,
+            "precision": runtime.precision, "compile": runtime.compile, "attention": runtime.attention,
+            "step_s": median, "step_times": times, "tokens_per_s": tokens_per_s, "fwd_flops_per_token": flops,
+            "datasheet_peak": datasheet, "measured_peak": peak.flops(),
+            "mfu_datasheet": 3 * flops * tokens_per_s / datasheet if datasheet else None,
+            "mfu_measured": 3 * flops * tokens_per_s / peak.flops()}
+
+
+def run(args, out: Path) -> dict:
+    has_gpu = torch.cuda.is_available()
+    if not has_gpu and not args.smoke:
+        return {"status": "skipped", "reason": "no CUDA GPU on this machine", "targets": [],
+                "markdown": "Skipped: no CUDA GPU on this machine (`torch.cuda.is_available()` is false)."}
+    device = torch.device("cuda" if has_gpu else "cpu")
+    rows, kernels_md = kernels(out / "kernels", args.kernel_seconds) if has_gpu else ([], "")
+    e2e = end_to_end(device, 2 if args.smoke else args.gpu_batch, 2 if args.smoke else 20,
+                     1 if args.smoke else 5, smoke=args.smoke or not has_gpu)
+    mfu = e2e["mfu_datasheet"] if e2e["mfu_datasheet"] is not None else e2e["mfu_measured"]
+    which = "datasheet" if e2e["mfu_datasheet"] is not None else "measured matmul"
+    rows.append(target("gpu", f"crammed-bert seq {e2e['seq']} {e2e['precision']} compile={e2e['compile']}: MFU of the "
+                              f"{which} {e2e['precision']} peak", mfu, ">= 50 %", ">=", 0.50, unit="%"))
+    peak_note = f"{e2e['datasheet_peak'] / 1e12:.0f} TFLOP/s datasheet, " if e2e["datasheet_peak"] else ""
+    markdown = (f"End to end, batch {e2e['batch']} x {e2e['seq']}: peak {peak_note}{e2e['measured_peak'] / 1e12:.3g} "
+                f"TFLOP/s measured ({'bf16' if has_gpu else 'fp32'} matmul).\n\n"
+                + table(["model", "precision", "compile", "step (ms)", "tokens/s", "MFU (datasheet)", "MFU (measured)"],
+                        [[e2e["arch"], e2e["precision"], str(e2e["compile"]), e2e["step_s"] * 1e3, e2e["tokens_per_s"],
+                          "-" if e2e["mfu_datasheet"] is None else f"{100 * e2e['mfu_datasheet']:.1f} %",
+                          f"{100 * e2e['mfu_measured']:.1f} %"]])
+                + (f"\n\nKernel tables: `{kernels_md}` (and `python scripts/bench_kernels.py --write-docs "
+                   "docs/benchmarks.md` for the Kernels block)." if kernels_md else ""))
+    return {"status": "ok" if has_gpu else "smoke-cpu", "end_to_end": e2e, "targets": rows, "markdown": markdown}

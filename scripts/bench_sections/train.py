@@ -1,0 +1,189 @@
+"""Section 1: training throughput and MFU, ours against Hugging Face models of identical dimensions.
+
+Pairs (CPU / GPU): crammed-bert-tiny and crammed-bert-mini / crammed-bert against `BertForMaskedLM`, gpt-tiny /
+gpt-small against `GPT2LMHeadModel`. Ours is built as pretrain.py builds it (cramming.pretraining.build_model,
+build_optimizer, the MLM objective's masking, torch.compile on GPU). Hugging Face is trained the usual way:
+`DataCollatorForLanguageModeling` (mlm_probability = our train.mask_prob; mlm=False for GPT-2) on the batch,
+forward with labels (full-vocabulary head on every position), backward, torch AdamW with default settings; dropout
+0 like ours, so the comparison is the implementation, not a regulariser. Both clip the gradient norm (our trainer
+always does; HF's Trainer does by default). Both see the same random token batches (ids 5..vocab-1), one timed step
+at a time in turn (ours, HF, a matmul-peak sample, ours, ...), after warm-up; the median step counts.
+
+FLOPs (2 per multiply-add), forward, per token. Ours: cramming.pretraining.flops_per_token (each block projection
+counts itself, attention 4 * seq * hidden per layer, halved when causal, the head on the share of tokens it decodes:
+the masked 25 % with the sparse MLM head). Hugging Face, counted from its matmuls the same way: 2 x the weights of
+every Linear / Conv1D in its layers, the same attention term, and its head (BERT: transform + decoder, GPT-2:
+lm_head) on every position, which is what it computes. MFU = 3 x forward FLOPs/token x tokens/s / matmul peak, the
+peak measured in this run (fp32 on CPU, bf16 on GPU; the median of square torch.mm samples taken between the steps
+of the same pair, so a busy spell of the machine hits both sides of the fraction).
+"""
+
+import statistics
+
+import torch
+from torch import nn
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
+
+from .common import MatmulPeak, compose_config, table, target, timed
+
+CPU_CASES = [("crammed-bert-tiny", 32), ("crammed-bert-mini", 16), ("gpt-tiny", 16)]
+GPU_CASES = [("crammed-bert", 128), ("gpt-small", 32)]
+SMOKE_ARCH = ["arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"]
+
+
+def synthetic_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with our special ids 0-4 and `vocab` entries: what the HF collator needs to mask."""
+    from tokenizers import Tokenizer, models
+
+    from cramming.data.tokenizer import SPECIAL_TOKENS
+
+    words = {t: i for i, t in enumerate(SPECIAL_TOKENS)} | {f"w{i}": i for i in range(len(SPECIAL_TOKENS), vocab)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(words, unk_token="[UNK]")),
+                                   pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                                   mask_token="[MASK]")
+
+
+def matmul_weights(module: nn.Module) -> int:
+    """Multiply-adds per token of every Linear / Conv1D (GPT-2's transposed Linear) inside `module`."""
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D")
+
+
+def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
+    """(ours, hf): each a dict with the model, optimizer, step inputs and forward FLOPs per token."""
+    from cramming.data.tokenizer import SPECIAL_IDS
+    from cramming.impl import resolve
+    from cramming.pretraining import build_model, flops_per_token
+    from cramming.train.objectives import build_objective
+    from cramming.train.optim import build_optimizer
+
+    overrides = [f"arch={arch_name}", f"data.vocab_size={vocab}", f"data.seq_length={seq}",
+                 f"impl={'gpu' if device.type == 'cuda' else 'cpu'}"] + (SMOKE_ARCH if smoke else [])
+    config = compose_config(overrides)
+    arch, runtime = config.arch, resolve(config.impl, config.arch)
+    model = build_model(arch, vocab, SPECIAL_IDS, runtime).to(device)
+    meta = {"special_ids": SPECIAL_IDS, "vocab_size": vocab}
+    ours = {"model": model, "step_model": torch.compile(model) if runtime.compile else model,
+            "opt": build_optimizer(model, config.train, device), "flops": flops_per_token(model, config),
+            "objective": build_objective(arch.objective, config.train, meta, device)}
+
+    tokenizer = synthetic_tokenizer(vocab)
+    clm = arch.objective == "clm"
+    dims = {"hidden": arch.hidden_size, "layers": arch.num_layers, "heads": arch.num_heads, "ffn": arch.ffn_size}
+    if clm:
+        hf_model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=max(seq, 128), n_embd=dims["hidden"],
+                                              n_layer=dims["layers"], n_head=dims["heads"], n_inner=dims["ffn"],
+                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                              pad_token_id=SPECIAL_IDS["pad"], bos_token_id=SPECIAL_IDS["cls"],
+                                              eos_token_id=SPECIAL_IDS["sep"]))
+        layers, head = hf_model.transformer.h, hf_model.lm_head
+    else:
+        hf_model = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=dims["hidden"],
+                                              num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"],
+                                              intermediate_size=dims["ffn"], max_position_embeddings=max(seq, 128),
+                                              pad_token_id=SPECIAL_IDS["pad"], hidden_dropout_prob=0.0,
+                                              attention_probs_dropout_prob=0.0))
+        layers, head = hf_model.bert.encoder, hf_model.cls
+    hf_model.to(device)
+    attention = 4 * seq * dims["hidden"] * dims["layers"] // (2 if clm else 1)
+    hf = {"model": hf_model, "step_model": hf_model, "opt": torch.optim.AdamW(hf_model.parameters(), lr=config.train.lr),
+          "flops": 2 * matmul_weights(layers) + attention + 2 * matmul_weights(head),
+          "collator": DataCollatorForLanguageModeling(tokenizer, mlm=not clm, mlm_probability=config.train.mask_prob)}
+    for side in (ours, hf):
+        side["params"] = sum(p.numel() for p in side["model"].parameters())
+    return config, runtime, ours, hf
+
+
+def train_step(side: dict, batch: torch.Tensor, generator, clip: float, autocast) -> None:
+    if "collator" in side:  # Hugging Face: the collator masks (or copies labels), the model takes its dict
+        features = {k: v.to(batch.device) for k, v in side["collator"]([{"input_ids": row} for row in batch.cpu()]).items()}
+    else:
+        inputs, labels = side["objective"].batch(batch, generator)
+        features = {"input_ids": inputs, "labels": labels}
+    with autocast():
+        loss = side["step_model"](**features).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(side["model"].parameters(), clip)
+    side["opt"].step()
+    side["opt"].zero_grad(set_to_none=True)
+
+
+def measure_case(arch_name: str, batch: int, seq: int, vocab: int, rounds: int, warmup: int, device, peak,
+                 smoke: bool) -> dict:
+    config, runtime, ours, hf = build_pair(arch_name, seq, vocab, device, smoke)
+    autocast = runtime.autocast()
+    generator = torch.Generator(device=device)
+    sides = {"ours": ours, "HF": hf}
+
+    def step(side, index):
+        generator.manual_seed(1000 + index)
+        ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
+        return timed(lambda: train_step(side, ids, generator, config.train.grad_clip or float("inf"), autocast), device)
+
+    for side in sides.values():
+        side["model"].train()
+        for i in range(warmup):
+            step(side, -1 - i)
+        side["times"] = []
+    first_sample = len(peak.samples)
+    for r in range(rounds):
+        for side in sides.values():
+            side["times"].append(step(side, r))
+        peak.sample(2)
+    case_peak = statistics.median(peak.samples[first_sample:])  # what the machine gave while this pair ran
+    tokens = batch * seq
+    result = {"arch": arch_name, "objective": config.arch.objective, "batch": batch, "seq": seq, "vocab": vocab,
+              "hf_model": type(hf["model"]).__name__, "peak_flops": case_peak, "models": {}}
+    for name, side in sides.items():
+        median = statistics.median(side["times"])
+        result["models"][name] = {"params": side["params"], "fwd_flops_per_token": side["flops"], "step_s": median,
+                                  "step_times": side["times"], "tokens_per_s": tokens / median,
+                                  "mfu": 3 * side["flops"] * tokens / median / case_peak}
+    result["speedup"] = result["models"]["ours"]["tokens_per_s"] / result["models"]["HF"]["tokens_per_s"]
+    # The most ours/HF could be with ours at 100 % of the peak and HF as measured: a ratio above this needs fewer FLOPs.
+    result["ceiling"] = result["models"]["HF"]["fwd_flops_per_token"] / (
+        result["models"]["ours"]["fwd_flops_per_token"] * result["models"]["HF"]["mfu"])
+    del ours, hf, sides
+    return result
+
+
+def run(args, device) -> dict:
+    smoke = args.smoke
+    cases = [("crammed-bert-tiny", 2), ("gpt-tiny", 2)] if smoke else (GPU_CASES if device.type == "cuda" else CPU_CASES)
+    seq, vocab = (32, 512) if smoke else (128, 32768)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    peak = MatmulPeak(device, dtype, 256 if smoke else (8192 if device.type == "cuda" else 2048))
+    peak.sample(3)
+    results = []
+    for arch_name, batch in cases:
+        rounds = 1 if smoke else args.train_rounds
+        print(f"  {arch_name}: batch {batch} x {seq}, vocab {vocab}, {rounds} timed steps per model", flush=True)
+        torch.manual_seed(0)
+        results.append(measure_case(arch_name, batch, seq, vocab, rounds, 0 if smoke else 1, device, peak, smoke))
+    on_cpu = device.type == "cpu"
+    targets = []
+    for case in results:
+        label = f"{case['arch']} vs {case['hf_model']}"
+        targets.append(target("train", f"{label}: tokens/s ours/HF", case["speedup"], ">= 2.0x" if on_cpu else "report",
+                              ">=" if on_cpu else "report", 2.0))
+        targets.append(target("train", f"{case['arch']}: MFU (of the measured {str(dtype).removeprefix('torch.')} matmul peak)",
+                              case["models"]["ours"]["mfu"], ">= 60 %" if on_cpu else "report",
+                              ">=" if on_cpu else "report", 0.60, unit="%"))
+    rows = [[f"{c['arch']} ({c['batch']} x {c['seq']})", name, m["params"] / 1e6, m["fwd_flops_per_token"] / 1e6,
+             m["step_s"] * 1e3, m["tokens_per_s"], c["peak_flops"] / 1e9, f"{100 * m['mfu']:.1f} %",
+             f"{c['speedup']:.2f}x" if name == "ours" else "", f"{c['ceiling']:.2f}x" if name == "ours" else ""]
+            for c in results for name, m in c["models"].items()]
+    markdown = (f"Matmul peak ({dtype}): the median of the square {peak.n}^3 torch.mm samples taken between the steps of "
+                f"each pair (all {len(peak.samples)} samples: median {peak.flops() / 1e9:,.1f} GFLOP/s).\n\n"
+                + table(["model", "impl", "params (M)", "fwd MFLOPs/token", "step (ms, median)", "tokens/s",
+                         "peak GFLOP/s", "MFU", "ours/HF", "ours/HF at 100 % MFU"], rows)
+                + "\n\nThe last column is the most ours/HF could be with our MFU at 100 % and HF's as measured (HF's forward "
+                  "FLOPs / (ours x HF's MFU)): where it is below a target, only fewer FLOPs per token could meet it.")
+    return {"status": "ok", "peak_flops": peak.flops(), "peak_samples": peak.samples, "dtype": str(dtype),
+            "cases": results, "targets": targets, "markdown": markdown}

@@ -1,0 +1,62 @@
+"""scripts/bench.py end to end in its --smoke mode: every section's code path (HF baselines, pretrain.py, eval.py,
+the data-pipeline workers, the GPU section's end-to-end step on CPU) with tiny shapes, into a temporary folder."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO, needs_shared
+
+BEFORE, AFTER = "# Benchmarks\n\nIntro.\n\n<!-- kernels:begin -->\nkept\n<!-- kernels:end -->\n\n## Suite\n\n", "\n\nAfter.\n"
+
+
+def bench(*args, timeout=300):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_path):
+    shared = needs_shared("glue/SST-2").parents[1]
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text(f"{BEFORE}<!-- bench:begin -->\nstale\n<!-- bench:end -->{AFTER}", encoding="utf-8")
+    real_docs = (REPO / "docs" / "benchmarks.md").read_bytes()
+
+    result = bench("--smoke", "--out", str(tmp_path / "out"), "--shared", str(shared), "--write-docs", str(docs))
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (REPO / "docs" / "benchmarks.md").read_bytes() == real_docs
+    data = json.loads((tmp_path / "out" / "bench.json").read_text(encoding="utf-8"))
+    assert data["smoke"] is True and {"cpu", "torch", "transformers", "date"} <= data["machine"].keys()
+    sections = data["sections"]
+    assert list(sections) == ["train", "data", "quality", "finetune", "gpu"]
+    assert all(s["status"] in ("ok", "smoke-cpu") for s in sections.values()), {k: s.get("error") for k, s in sections.items()}
+    assert {t["section"] for t in data["targets"]} == {"train", "data", "quality", "finetune", "gpu"}
+    for t in data["targets"]:
+        assert isinstance(t["value"], float) and t["value"] > 0, t
+        assert t["status"] in {"PASS", "FAIL", "INFO"}, t
+    train = sections["train"]
+    assert [c["arch"] for c in train["cases"]] == ["crammed-bert-tiny", "gpt-tiny"] and train["peak_flops"] > 0
+    assert [c["hf_model"] for c in train["cases"]] == ["BertForMaskedLM", "GPT2LMHeadModel"]
+    assert sections["quality"]["ours"]["val_loss"] == sections["quality"]["ours"]["val_loss_pretrain_py"]
+    assert set(sections["data"]["runs"]) == {"ours 1x", "HF 1x", "ours 2x", "HF 2x"}
+    assert sections["finetune"]["results"]["ours"]["examples"] == 64
+
+    text = docs.read_text(encoding="utf-8")
+    block = (tmp_path / "out" / "bench.md").read_text(encoding="utf-8").strip()
+    assert text == f"{BEFORE}<!-- bench:begin -->\n{block}\n<!-- bench:end -->{AFTER}"
+    assert block.startswith("**Smoke run") and "### Targets" in block and "### 5. GPU" in block
+    assert "wrote the bench block" in result.stdout
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    docs = tmp_path / "no-block.md"
+    docs.write_text("# nothing to replace\n", encoding="utf-8")
+    for args, fragment in ((["--sections", "train,nope"], "--sections has nope"),
+                           (["--train-rounds", "0"], "--train-rounds=0: must be positive"),
+                           (["--write-docs", str(docs)], "has no <!-- bench:begin -->"),
+                           (["--shared", str(tmp_path / "missing")], "shared data not found")):
+        result = bench(*args, "--out", str(tmp_path / "out"), timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith("error: ") and fragment in result.stderr
