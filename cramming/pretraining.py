@@ -1,5 +1,7 @@
 """The pretraining recipe, top to bottom: config -> data -> model -> budget trainer -> checkpoint."""
 
+import contextlib
+import io
 import json
 import random
 import time
@@ -121,11 +123,13 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
     torch.set_flush_denormal(True)
 
-    if not distributed.main:
-        distributed.barrier()  # rank 0 tokenizes and caches; the others then find the cache
-    folder, meta = prepare_data(config.data)
     if distributed.main:
+        folder, meta = prepare_data(config.data)
         distributed.barrier()
+    else:  # rank 0 tokenizes and caches; the others then find the cache, quietly
+        distributed.barrier()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            folder, meta = prepare_data(config.data)
     tokenizer = load_tokenizer(folder)
     model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
     torch.manual_seed(config.seed + distributed.rank)  # same initial weights everywhere, different dropout

@@ -46,6 +46,7 @@ def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
     out, err = ddp.communicate(timeout=300)
     assert ddp.returncode == 0, err[-3000:]
     assert "ddp on 2 processes" in out and out.count("untrained validation loss") == 1  # rank 0 alone prints
+    assert out.count("data: ") == 1, out
 
     runs = [p for p in (tmp_path / "outputs").rglob("*") if (p / ".hydra").is_dir()]
     assert len(runs) == 1, runs  # one run folder, with Hydra's files, from rank 0 only
