@@ -56,7 +56,7 @@ class Distributed:
         return tensor.tolist()
 
     def smallest(self, value: int, device) -> int:
-        return int(self.agree(-value, device=device)[0] * -1)
+        return -int(self.agree(-value, device=device)[0])  # the max of the negatives
 
     def broadcast(self, obj):
         """Rank 0's value of a picklable object on every rank (the run directory, for one)."""

@@ -201,7 +201,8 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
     say(f"validation loss {final['val_loss']:.4f} (untrained {untrained['val_loss']:.4f}), "
           f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
 
-    peak = runtime.peak_flops() and runtime.peak_flops() * distributed.world
+    peak = runtime.peak_flops()  # per device; the run's tokens/s is over all of them
+    peak = peak * distributed.world if peak else None
     mfu = 3 * flops * result["tokens_per_s"] / peak if peak else None
     summary = {
         "name": config.name,

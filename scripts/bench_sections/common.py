@@ -4,6 +4,8 @@ import datetime
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +26,7 @@ def machine() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
+    except OSError:  # no /proc (not Linux): keep platform's name
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -118,3 +120,16 @@ def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def launch(script: str, args: list[str]) -> subprocess.Popen:
+    """One of our entry points (pretrain.py, eval.py) as a user runs it, in the background, output captured."""
+    return subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_ok(proc: subprocess.Popen, script: str) -> None:
+    """Wait for a launch(); its last error line if it failed."""
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} failed ({proc.returncode}): {err.strip().splitlines()[-1:]}")

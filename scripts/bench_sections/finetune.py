@@ -12,32 +12,26 @@ length, so it should not be slower than a Trainer that pads batches of random le
 """
 
 import json
-import os
 import random
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-from .common import REPO, table, target
+from .common import launch, table, target, wait_ok
 
 RECIPE = {"batch_size": 16, "max_length": 128, "lr": 4e-5, "betas": (0.9, 0.98), "eps": 1e-6, "warmup": 0.1}
 
 
 def start_ours(checkpoint: str, glue: Path, examples: int, run_dir: Path) -> subprocess.Popen:
     """eval.py on SST-2 for one epoch, as a user runs it."""
-    args = [sys.executable, str(REPO / "eval.py"), f"checkpoint={checkpoint}", "eval.tasks=[sst2]",
-            f"eval.data_dir={glue}", f"eval.max_train_examples={examples}", "eval.recipe.epochs=1", "eval.seeds=1",
-            "impl=cpu", f"eval.results_table={run_dir / 'results.csv'}", f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return launch("eval.py", [f"checkpoint={checkpoint}", "eval.tasks=[sst2]", f"eval.data_dir={glue}",
+                              f"eval.max_train_examples={examples}", "eval.recipe.epochs=1", "eval.seeds=1", "impl=cpu",
+                              f"eval.results_table={run_dir / 'results.csv'}", f"hydra.run.dir={run_dir}"])
 
 
 def finish_ours(proc: subprocess.Popen, run_dir: Path) -> float:
     """The training loop's seconds, from eval.py's results.json."""
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"eval.py failed ({proc.returncode}): {err.strip().splitlines()[-1:]}")
+    wait_ok(proc, "eval.py")
     results = json.loads((run_dir / "results.json").read_text())
     return results["models"]["pretrained"]["tasks"]["sst2"]["runs"][0]["curve"][0]["train_seconds"]
 

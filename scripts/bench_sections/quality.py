@@ -15,16 +15,14 @@ turns on the same machine, one after the other, so noise shows up as tokens trai
 """
 
 import json
-import os
 import subprocess
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from .common import REPO, compose_config, table, target
+from .common import compose_config, launch, table, target, wait_ok
 from .prep import data_overrides
 from .train import SMOKE_ARCH
 
@@ -36,15 +34,11 @@ def pretrain_overrides(corpus: Path, cache: Path, args, minutes: float) -> list[
 
 
 def start_ours(overrides: list[str], run_dir: Path) -> subprocess.Popen:
-    args = [sys.executable, str(REPO / "pretrain.py"), *overrides, "name=bench-quality", f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return launch("pretrain.py", [*overrides, "name=bench-quality", f"hydra.run.dir={run_dir}"])
 
 
 def finish_ours(proc: subprocess.Popen, run_dir: Path) -> dict:
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"pretrain.py failed ({proc.returncode}): {err.strip().splitlines()[-1:]}")
+    wait_ok(proc, "pretrain.py")
     return json.loads((run_dir / "train_summary.json").read_text())
 
 
