@@ -146,6 +146,14 @@ class TrainConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """Read under impl.distributed=deepspeed (cramming/deepspeed_engine.py)."""
+    zero_stage: int = 1  # 0 | 1 (optimizer state sharded) | 2 (and gradients)
+    onebit_adam: bool = False  # DeepSpeed's 1-bit Adam instead of train.optim: needs zero_stage=0 and CUDA
+    freeze_step: int = 1000  # 1-bit Adam: steps of plain Adam (the variance warm-up) before compressing
+
+
+@dataclass
 class ImplConfig:
     device: str = "auto"  # auto | cuda | cpu
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
@@ -154,7 +162,8 @@ class ImplConfig:
     attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
     rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
     num_workers: int = 0
-    distributed: str = "auto"  # auto | none | ddp | fsdp2; auto = ddp under torchrun, none otherwise
+    distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
 
 @dataclass
@@ -342,6 +351,16 @@ def validate(c: PretrainConfig) -> None:
               f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
     check_choice("impl.distributed", i.distributed, ENGINES)
+    check(i.deepspeed.zero_stage in (0, 1, 2), "impl.deepspeed.zero_stage", i.deepspeed.zero_stage,
+          "choose 0, 1 (optimizer state sharded) or 2 (and gradients); stage 3 is what impl.distributed=fsdp2 does")
+    check(i.deepspeed.freeze_step >= 0, "impl.deepspeed.freeze_step", i.deepspeed.freeze_step, "must be >= 0")
+    if i.deepspeed.onebit_adam:
+        check(i.distributed == "deepspeed", "impl.deepspeed.onebit_adam", True,
+              "1-bit Adam is DeepSpeed's; set impl.distributed=deepspeed (or impl=deepspeed)")
+        check(i.deepspeed.zero_stage == 0, "impl.deepspeed.onebit_adam", True,
+              "DeepSpeed's 1-bit Adam does not combine with ZeRO; set impl.deepspeed.zero_stage=0")
+        check(t.optim.name == "adamw", "train.optim.name", t.optim.name,
+              "impl.deepspeed.onebit_adam replaces the optimizer with 1-bit Adam; leave train.optim.name=adamw")
 
 
 def check_seq_schedule(c: PretrainConfig) -> None:

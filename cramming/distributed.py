@@ -1,4 +1,5 @@
-"""More than one process: torchrun with PyTorch's DDP or FSDP2. No communication code of our own beyond agreeing
+"""More than one process: torchrun with PyTorch's DDP or FSDP2, or DeepSpeed (deepspeed_engine.py). No
+communication code of our own beyond agreeing
 on a few scalars (the budget clock, a stop signal, a checkpoint being due), so every rank takes the same decisions.
 
 The global batch keeps its single-GPU meaning: train.batch_size = microbatch x accumulation x world size. Rank r
@@ -17,12 +18,12 @@ import torch.distributed as dist
 
 from .errors import UserError
 
-ENGINES = ("auto", "none", "ddp", "fsdp2")
+ENGINES = ("auto", "none", "ddp", "fsdp2", "deepspeed")
 
 
 @dataclass
 class Distributed:
-    engine: str = "none"  # none | ddp | fsdp2
+    engine: str = "none"  # none | ddp | fsdp2 | deepspeed
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -93,6 +94,10 @@ def setup(engine: str, device_type: str) -> Distributed:
     if not under_torchrun:
         raise UserError(f"impl.distributed={engine} needs torchrun to start the processes: "
                         f"torchrun --nproc_per_node=<gpus> pretrain.py ... (or impl.distributed=none)")
+    if engine == "deepspeed":
+        from .deepspeed_engine import require
+
+        require()  # before any process group: a missing package is one line, not a hang on the other ranks
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if device_type == "cuda":
         torch.cuda.set_device(local)
@@ -130,13 +135,16 @@ def blocks_of(model) -> list:
 
 
 def unwrap(model):
-    """The module itself, under torch.compile and DDP (FSDP2 shards in place and needs no unwrapping)."""
+    """The module itself, under torch.compile, DDP and DeepSpeed (FSDP2 shards in place: no unwrapping)."""
     model = getattr(model, "_orig_mod", model)
     return getattr(model, "module", model)
 
 
 def gradient_sync(model, distributed: Distributed, last_microbatch: bool):
     """Accumulating microbatches: reduce gradients only on the last one, as the engines recommend."""
+    if distributed.engine == "deepspeed":  # DeepSpeed reduces at the boundary we mark, before forward
+        unwrap_compiled(model).set_gradient_accumulation_boundary(last_microbatch)
+        return contextlib.nullcontext()
     if not distributed.active or last_microbatch:
         return contextlib.nullcontext()
     if distributed.engine == "ddp":

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import deepspeed_engine
 from . import distributed as dist_
 from . import impl as impl_
 from .config import PretrainConfig, microbatch_size
@@ -101,6 +102,8 @@ def check_distributed(config: PretrainConfig, runtime, distributed) -> None:
         raise UserError("impl.precision=fp16 is not supported with impl.distributed=fsdp2 (its grad scaler would "
                         "see only this rank's shard); use bf16")
     micro = microbatch_size(config)
+    if engine == "deepspeed" and (problem := deepspeed_engine.problem(config, runtime, micro)):
+        raise UserError(problem)
     if micro is None and engine == "fsdp2":
         raise UserError("impl.microbatch_size=auto cannot probe a sharded model (every rank would have to fail "
                         "together); give impl.microbatch_size a number under impl.distributed=fsdp2")
@@ -142,6 +145,10 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
     model = dist_.wrap(model, distributed, runtime.device)  # before the optimizer: FSDP2 swaps the parameters
     optimizer = build_optimizer(model, config.train, runtime.device)
     scaler = runtime.grad_scaler()
+    if distributed.engine == "deepspeed":  # the engine holds (and shards) the optimizer, and scales fp16 itself
+        model, optimizer = deepspeed_engine.initialize(model, optimizer, config, runtime, microbatch_size(config),
+                                                       distributed)
+        scaler = torch.amp.GradScaler(runtime.device.type, enabled=False)
     masks = PositionalMasks(config.seed, runtime.device)
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
                                 json.loads(json.dumps(asdict(config))), distributed)
@@ -154,7 +161,9 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
             carry_metrics(resume_from, run_dir, state.step)
         say(f"resuming from {resume_from}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent",
               flush=True)
-    step_model = torch.compile(model) if runtime.compile else model
+    step_model = torch.compile(model) if runtime.compile and distributed.engine != "deepspeed" else model
+    if runtime.compile and distributed.engine == "deepspeed":
+        model.compile()  # the engine compiles its module in place and keeps its own methods
     stages = stage_factors(config.train.seq_schedule, meta["seq_length"])
     blocks = block_rows(stages)
     microbatch = microbatch_size(config)
@@ -249,14 +258,20 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
 
 
 def whole_model(model, distributed, config, meta, runtime):
-    """The trained model in one piece for the final checkpoint; FSDP2's shards are gathered onto rank 0's CPU."""
+    """The trained model in one piece for the final checkpoint; FSDP2's shards and DeepSpeed's ZeRO partitions
+    are gathered onto rank 0's CPU."""
+    if distributed.engine == "deepspeed":  # the fp32 master weights, gathered from the ZeRO partitions
+        weights = deepspeed_engine.full_weights(model)
+        return load_whole(weights, config, meta, runtime) if distributed.main else None
     if distributed.engine != "fsdp2":
         return dist_.unwrap(model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not distributed.main:
-        return None
+    return load_whole(weights, config, meta, runtime) if distributed.main else None
+
+
+def load_whole(weights: dict, config, meta, runtime):
     whole = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
     whole.load_state_dict(weights)
     return whole

@@ -2,7 +2,8 @@
 
 A checkpoint is `checkpoints/step-<n>/` under the run directory: `state.pt` (model, optimizer, grad scaler, the
 trainer's TrainState with the data position and elapsed budget), `rng-<rank>.pt` (every RNG state of each
-process) and `COMPLETE`, written last. Under FSDP2 the model and optimizer are in `sharded/` instead. It is
+process) and `COMPLETE`, written last. Under FSDP2 the model and optimizer are in `sharded/` instead, under
+DeepSpeed in the engine's own files (`deepspeed/`). It is
 written into `step-<n>.tmp/`, flushed to disk and only then renamed, so a folder without the `.tmp` suffix and
 with its marker is whole; anything else (a run killed mid-write) is ignored and cleaned up.
 """
@@ -18,6 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from .. import deepspeed_engine
 from ..distributed import Distributed, unwrap
 from ..errors import UserError
 from .state import TrainState, capture_rng, restore_rng
@@ -65,7 +67,7 @@ class Checkpointer:
     def save(self, model, optimizer, scaler, state: TrainState) -> Path | None:
         """Write a checkpoint, or return None without writing if any weight is not finite."""
         started = time.perf_counter()
-        model = unwrap(model)
+        engine, model = model, unwrap(model)
         finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
         if self.dist.agree(not bool(finite), device=finite.device)[0]:  # one sync; any rank's shard counts
             return None
@@ -79,6 +81,8 @@ class Checkpointer:
         if self.dist.engine == "fsdp2":
             model_state, optimizer_state = get_state_dict(model, optimizer)
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / SHARDED)
+        elif self.dist.engine == "deepspeed":
+            deepspeed_engine.save(engine, tmp)
         else:
             saved.update(model=model.state_dict(), optimizer=optimizer.state_dict())
         if self.dist.main:
@@ -122,14 +126,20 @@ def load_weights(path: Path, model, optimizer, scaler, distributed: Distributed 
     """Model, optimizer and scaler (a rollback needs no more: the clock, data and RNG keep moving forward)."""
     distributed = distributed or Distributed()
     saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
-    model = unwrap(model)
-    sharded = Path(path) / SHARDED
-    if sharded.is_dir() != (distributed.engine == "fsdp2"):
-        raise UserError(f"{path} was written {'with' if sharded.is_dir() else 'without'} impl.distributed=fsdp2 "
-                        "and must be resumed the same way")
-    if distributed.engine == "fsdp2":
+    engine, model = model, unwrap(model)
+    for folder, name in ((SHARDED, "fsdp2"), (deepspeed_engine.FOLDER, "deepspeed")):
+        if (Path(path) / folder).is_dir() != (distributed.engine == name):
+            raise UserError(f"{path} was written {'with' if (Path(path) / folder).is_dir() else 'without'} "
+                            f"impl.distributed={name} and must be resumed the same way")
+    if distributed.engine == "deepspeed":
+        written_by = json.loads((Path(path) / MARKER).read_text()).get("world")
+        if written_by != distributed.world:
+            raise UserError(f"{path} holds DeepSpeed's optimizer state in {written_by} ZeRO partitions; resume "
+                            f"it on {written_by} processes, not {distributed.world}")
+        deepspeed_engine.load(engine, path)
+    elif distributed.engine == "fsdp2":
         model_state, optimizer_state = get_state_dict(model, optimizer)
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=sharded)
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(path) / SHARDED)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     else:
         model.load_state_dict(saved["model"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from ..deepspeed_engine import step as deepspeed_step
 from ..distributed import Distributed, full_norm, gradient_sync
 from ..errors import RunStopped
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
@@ -52,6 +53,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
     `masks` draws each microbatch's masks from its position in the stream."""
     distributed = distributed or Distributed()
     world, rank = distributed.world, distributed.rank
+    deepspeed = distributed.engine == "deepspeed"  # the engine steps: DeepSpeed reduces, clips and checks
     schedule = SCHEDULES.get_or_explain(cfg_train.schedule)
     by_steps = progress_by_steps(cfg_train.schedule)
     stages = stage_factors(cfg_train.seq_schedule, meta["seq_length"])
@@ -85,7 +87,10 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                 with gradient_sync(model, distributed, last_microbatch=done + 1 == accumulation):
                     with autocast():
                         loss = model(input_ids=inputs, labels=labels).loss / accumulation
-                    scaler.scale(loss).backward()
+                    if deepspeed:
+                        model.backward(loss, scale_wrt_gas=False)  # already divided by our accumulation
+                    else:
+                        scaler.scale(loss).backward()
                 step_loss += loss.detach()
                 done += 1
                 if not distributed.active and time.perf_counter() - start >= budget.seconds:
@@ -98,21 +103,14 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                 batch_size = done * microbatch_size
 
             step_loss = distributed.mean(step_loss)  # the gradients are already the mean over ranks
-            scaler.unscale_(optimizer)
-            grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_train.grad_clip or math.inf))
-            # One host sync per step: the price of never applying a NaN. With fp16 the grad scaler owns
-            # non-finite gradients (it skips the step and lowers its scale), so only the loss is ours to check.
-            finite = torch.isfinite(step_loss)
-            if not scaler.is_enabled():
-                finite = finite & torch.isfinite(grad_norm)
-            if not bool(finite):
-                optimizer.zero_grad(set_to_none=True)
+            if deepspeed:
+                grad_norm, applied = deepspeed_step(model, step_loss)
+            else:
+                grad_norm, applied = optimizer_step(model, optimizer, scaler, step_loss, cfg_train.grad_clip)
+            if not applied:
                 handle_nonfinite(cfg_train, state, step_loss, grad_norm, model, optimizer, scaler, checkpointer, log)
                 state.elapsed = distributed.agree(time.perf_counter() - start, device=device)[0]
                 continue
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.skipped_in_row = 0
             state.tokens += step_tokens
@@ -159,6 +157,22 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
         "skipped_steps": state.skipped,
         "rollbacks": state.rollbacks,
     }
+
+
+def optimizer_step(model, optimizer, scaler, step_loss, grad_clip) -> tuple[torch.Tensor, bool]:
+    """Clip, check, step. Returns the gradient norm and whether the update was applied (all finite).
+    One host sync per step: the price of never applying a NaN. With fp16 the grad scaler owns non-finite
+    gradients (it skips the step and lowers its scale), so only the loss is ours to check then."""
+    scaler.unscale_(optimizer)
+    grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf))
+    finite = torch.isfinite(step_loss)
+    if not scaler.is_enabled():
+        finite = finite & torch.isfinite(grad_norm)
+    if bool(finite):
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, bool(finite)
 
 
 def handle_nonfinite(cfg_train, state, loss, grad_norm, model, optimizer, scaler, checkpointer, log) -> None:

@@ -1,0 +1,153 @@
+"""DeepSpeed as an optional engine (impl.distributed=deepspeed, the [deepspeed] extra): ZeRO stages 0-2, bf16 or
+fp16, gradient clipping through DeepSpeed's own `gradient_clipping`, and 1-bit Adam.
+
+The budget loop stays ours: it decides the learning rate, the accumulation (so the batch ramp and the curriculum
+work as under DDP), when to stop and when to checkpoint. DeepSpeed reduces the gradients at the boundary the loop
+sets, clips, checks them for inf/NaN and steps. Our own optimizer (train.optim) is handed to DeepSpeed, which
+shards its state under ZeRO; only 1-bit Adam is built by DeepSpeed itself.
+"""
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+FOLDER = "deepspeed"  # inside a checkpoint: the engine's own files (weights, each rank's optimizer partition)
+ONEBIT_LAST = "0.19.6"  # DeepSpeed 0.19.7 deleted its 1-bit optimizers
+INSTALL = "pip install 'cramming[deepspeed]'"
+
+
+def require():
+    """The deepspeed module, or one line saying how to install it."""
+    # its INFO lines (and those of the compiler probe it runs on import) would drown ours
+    for name in ("DeepSpeed", "compilers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        import deepspeed
+    except ImportError:
+        raise UserError(f"impl.distributed=deepspeed needs DeepSpeed, which is not installed: {INSTALL}") from None
+    # DeepSpeed's ZeRO still calls torch's renamed all_gather_into_tensor; nothing for a user to act on
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    return deepspeed
+
+
+def has_onebit_adam() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed.runtime.fp16.onebit") is not None
+
+
+def problem(config, runtime, microbatch: int | None) -> str | None:
+    """What this DeepSpeed setup cannot do, in one line, before any work; None when it can run."""
+    ds, train = config.impl.deepspeed, config.train
+    if microbatch is None:
+        return ("impl.microbatch_size=auto cannot be used with impl.distributed=deepspeed (DeepSpeed fixes the "
+                "microbatch when the engine is built); give impl.microbatch_size a number")
+    if train.optim.name == "muon" and ds.zero_stage > 0:
+        return ("train.optim.name=muon cannot run under ZeRO: Muon orthogonalises whole matrices and ZeRO gives "
+                "each rank a slice of the optimizer state; use impl.deepspeed.zero_stage=0, or another optimizer")
+    if train.nonfinite == "skip" and ds.zero_stage == 0 and runtime.precision != "fp16" and not ds.onebit_adam:
+        return ("train.nonfinite=skip needs DeepSpeed to check the gradients for inf/NaN, which it does under ZeRO "
+                "(impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or train.nonfinite=halt|rollback")
+    if ds.onebit_adam:
+        import deepspeed
+
+        if not has_onebit_adam():
+            return (f"impl.deepspeed.onebit_adam: DeepSpeed {deepspeed.__version__} no longer has 1-bit Adam "
+                    f"(removed in 0.19.7); pip install 'deepspeed<=0.19.6'")
+        if runtime.device.type != "cuda":
+            return ("impl.deepspeed.onebit_adam needs CUDA GPUs: 1-bit Adam's compressed all-reduce runs on NCCL "
+                    "(and cupy); DeepSpeed has no CPU version of it")
+    return None
+
+
+def engine_config(config, runtime, microbatch: int, world: int) -> dict:
+    """The DeepSpeed JSON config that our config means. The batch keys describe the full batch; the loop sets
+    the accumulation boundary itself, so a batch ramp needs no engine rebuild."""
+    ds, train = config.impl.deepspeed, config.train
+    settings = {
+        "train_batch_size": train.batch_size,
+        "train_micro_batch_size_per_gpu": microbatch,
+        "gradient_accumulation_steps": train.batch_size // (microbatch * world),
+        "gradient_clipping": float(train.grad_clip or 0.0),  # 0 = off, DeepSpeed's convention
+        "zero_optimization": {"stage": ds.zero_stage},
+        "zero_allow_untested_optimizer": True,  # our optimizers (fused AdamW, Lion, ...) are ordinary torch ones
+        "steps_per_print": 2**31 - 1,  # our metrics log reports; DeepSpeed's own would repeat it
+    }
+    if runtime.precision == "bf16":
+        settings["bf16"] = {"enabled": True, "check_grad_overflow": True}
+    elif runtime.precision == "fp16":
+        settings["fp16"] = {"enabled": True}  # DeepSpeed's dynamic loss scaler replaces our GradScaler
+    if ds.onebit_adam:
+        settings["optimizer"] = {"type": "OneBitAdam", "params": {
+            "lr": train.lr, "betas": list(train.betas), "eps": train.eps, "weight_decay": train.weight_decay,
+            "freeze_step": ds.freeze_step, "comm_backend_name": "nccl"}}
+    return settings
+
+
+def initialize(model, optimizer, config, runtime, microbatch: int, distributed):
+    """The engine and its optimizer. `optimizer` is ours (param groups carrying base_lr), unless 1-bit Adam is
+    asked for: then DeepSpeed builds it over the same groups."""
+    deepspeed = require()
+    settings = engine_config(config, runtime, microbatch, distributed.world)
+    if config.impl.deepspeed.onebit_adam:  # ours carry weight decay and base_lr; 1-bit Adam takes them over
+        arguments = {"model_parameters": optimizer.param_groups}
+    else:
+        arguments = {"optimizer": optimizer}
+    # DeepSpeed prints as it builds its kernels; the other ranks stay quiet, as everywhere else
+    quiet = contextlib.nullcontext() if distributed.main else contextlib.redirect_stdout(io.StringIO())
+    with quiet:
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=settings, **arguments)
+    if config.impl.deepspeed.zero_stage > 0 and runtime.precision == "fp32":
+        # ZeRO checks gradients for inf/NaN before stepping only in half precision by default; we want the
+        # same guard in fp32, so train.nonfinite=skip means what it means without DeepSpeed.
+        engine.optimizer.check_grad_overflow = True
+    return engine, optimizer
+
+
+def step(engine, step_loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Reduce, clip and step; returns the global gradient norm and whether the update counts as applied.
+    DeepSpeed itself skips an update whose gradients hold inf/NaN. Under fp16 such skips are the loss scaler
+    finding its scale (as with our GradScaler), so only a non-finite loss counts then."""
+    plain = engine.zero_optimization_stage() == 0 and not (engine.fp16_enabled() or engine.bfloat16_enabled())
+    if plain:  # DeepSpeed clips fp32 without ZeRO but keeps no norm: take it from the reduced gradients
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        plain_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    engine.step()
+    finite = bool(torch.isfinite(step_loss))
+    if not engine.fp16_enabled():
+        finite = finite and engine.was_step_applied()
+    norm = plain_norm if plain else engine.get_global_grad_norm()
+    norm = torch.as_tensor(float("nan") if norm is None or not finite else float(norm))
+    return norm, finite
+
+
+def save(engine, folder: Path) -> None:
+    """Every rank writes its part: the weights once, each rank's ZeRO partition of the optimizer state."""
+    engine.save_checkpoint(str(folder), tag=FOLDER, save_latest=False)
+
+
+def load(engine, folder: Path) -> None:
+    path, _ = engine.load_checkpoint(str(folder), tag=FOLDER, load_optimizer_states=True,
+                                     load_lr_scheduler_states=False)
+    if path is None:
+        raise UserError(f"{Path(folder) / FOLDER} could not be loaded by DeepSpeed (see the lines above)")
+
+
+def full_weights(engine) -> dict[str, torch.Tensor]:
+    """The whole model in fp32 on the CPU, from the optimizer's fp32 master copy where DeepSpeed keeps one
+    (bf16/fp16), gathered from the ZeRO partitions. Collective: every rank must call it."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    params = dict(engine.module.named_parameters())
+    weights = {}
+    for name, value in engine.module.state_dict().items():
+        master = safe_get_full_fp32_param(params[name]) if name in params else None
+        value = value if master is None else master
+        weights[name] = value.detach().float().cpu() if value.is_floating_point() else value.cpu()
+    return weights
