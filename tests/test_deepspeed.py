@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -72,17 +73,27 @@ def test_bf16_zero2_stops_on_one_ranks_signal_and_resumes_exactly(tmp_path):
     assert logged_steps(tmp_path / "stopped") == list(range(1, 25))
 
 
-@pytest.fixture
-def one_process(monkeypatch):
-    """This pytest process as rank 0 of a torchrun world of one, so DeepSpeed runs in process. DeepSpeed keeps
-    its groups for the life of the process, so the process group outlives each run (and is closed at the end)."""
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "29517"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(Distributed, "close", lambda self: None)
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """DeepSpeed keeps its groups for the life of the process, so the in-process runs share one process group,
+    closed when this module's tests are done."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in TORCHRUN_ENV.items():
+            patch.setenv(key, value)
+        torch.distributed.init_process_group("gloo")
     yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def one_process(process_group, monkeypatch):
+    """This pytest process as rank 0 of a torchrun world of one, so DeepSpeed runs in process."""
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(Distributed, "close", lambda self: None)  # the group outlives each run
 
 
 NAN_RUN = [*TINY, *ENGINE, "train.max_steps=6", "train.batch_size=16", "impl.microbatch_size=16",
@@ -109,6 +120,38 @@ def test_nonfinite_skip_and_rollback_act_on_what_deepspeed_reports(one_process, 
     poison.add(1)
     with pytest.raises(RunStopped, match=r"non-finite loss before step 1 \(train.nonfinite=halt\)"):
         pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=halt", "train.resume=never"), tmp_path / "halt")
+
+
+@needs_deepspeed
+def test_onebit_adam_runs_its_warm_up_through_our_loop(one_process, monkeypatch, tmp_path):
+    """1-bit Adam's first freeze_step steps are plain Adam with a full all-reduce; only the compressed phase needs
+    NCCL and cupy, which a CPU lacks. With a stand-in for that backend (failing if the compressed phase were
+    reached) the warm-up runs here: DeepSpeed builds 1-bit Adam over our groups and follows our schedule."""
+    if not deepspeed_engine.has_onebit_adam():
+        pytest.skip("this DeepSpeed has no 1-bit Adam (removed in 0.19.7)")
+
+    class NcclStandIn:
+        def __init__(self, mpu=None):
+            self.size = torch.distributed.get_world_size()
+
+        def compressed_allreduce(self, *args, **kwargs):
+            raise AssertionError("the compressed phase needs NCCL")
+
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.comm.nccl", types.SimpleNamespace(NcclBackend=NcclStandIn))
+    monkeypatch.setattr(deepspeed_engine, "problem", lambda *args: None)  # it refuses CPUs, rightly
+    built = {}
+    initialize = deepspeed_engine.initialize
+    monkeypatch.setattr(deepspeed_engine, "initialize", lambda *args: built.setdefault("it", initialize(*args)))
+    config = config_for(*TINY, *ENGINE, "impl.deepspeed.zero_stage=0", "impl.deepspeed.onebit_adam=true",
+                        "impl.deepspeed.freeze_step=100", "train.max_steps=6", "train.nonfinite=halt")
+    summary = pretraining.pretrain(config, tmp_path)
+    _, optimizer = built["it"]
+    assert type(optimizer).__name__ == "OnebitAdam" and summary["steps"] == 6
+    assert summary["val_loss"] < summary["untrained_val_loss"]
+    decay, no_decay = optimizer.param_groups  # ours: weight decay on matrices only, each with its peak
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (config.train.weight_decay, 0.0)
+    lrs = [r["lr"] for r in records(tmp_path) if "lr" in r]
+    assert decay["lr"] == pytest.approx(lrs[-1]) and len(set(lrs)) == 6  # the step-triangle schedule, step by step
 
 
 def test_a_zero_checkpoint_resumes_on_its_own_world_size_only(tmp_path):
@@ -184,8 +227,7 @@ def test_without_deepspeed_installed_the_run_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # `import deepspeed` fails, as if not installed
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, value)
-    with pytest.raises(UserError) as error:  # raised before any process group is joined
+    with pytest.raises(UserError) as error:
         setup("deepspeed", "cpu")
     assert str(error.value) == ("impl.distributed=deepspeed needs DeepSpeed, which is not installed: "
                                 "pip install 'cramming[deepspeed]'")
-    assert not torch.distributed.is_initialized()
