@@ -161,6 +161,7 @@ class ImplConfig:
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
     attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
     rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
+    loss: str = "auto"  # auto | fused | plain: the training loss's head; auto = fused for clm on CPU, else plain
     num_workers: int = 0
     distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -351,6 +352,7 @@ def validate(c: PretrainConfig) -> None:
               f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
     check_choice("impl.distributed", i.distributed, ENGINES)
+    check_choice("impl.loss", i.loss, ("auto", "fused", "plain"))
     check(i.deepspeed.zero_stage in (0, 1, 2), "impl.deepspeed.zero_stage", i.deepspeed.zero_stage,
           "choose 0, 1 (optimizer state sharded) or 2 (and gradients); stage 3 is what impl.distributed=fsdp2 does")
     check(i.deepspeed.freeze_step >= 0, "impl.deepspeed.freeze_step", i.deepspeed.freeze_step, "must be >= 0")

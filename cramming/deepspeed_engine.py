@@ -18,13 +18,12 @@ import torch
 from .errors import UserError
 
 FOLDER = "deepspeed"  # inside a checkpoint: the engine's own files (weights, each rank's optimizer partition)
-ONEBIT_LAST = "0.19.6"  # DeepSpeed 0.19.7 deleted its 1-bit optimizers
 INSTALL = "pip install 'cramming[deepspeed]'"
 
 
 def require():
     """The deepspeed module, or one line saying how to install it."""
-    # its INFO lines (and those of the compiler probe it runs on import) would drown ours
+    # its INFO lines (and those of the compiler probes it runs) would drown ours
     for name in ("DeepSpeed", "compilers"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
@@ -51,7 +50,7 @@ def problem(config, runtime, microbatch: int | None) -> str | None:
     if train.optim.name == "muon" and ds.zero_stage > 0:
         return ("train.optim.name=muon cannot run under ZeRO: Muon orthogonalises whole matrices and ZeRO gives "
                 "each rank a slice of the optimizer state; use impl.deepspeed.zero_stage=0, or another optimizer")
-    if train.nonfinite == "skip" and ds.zero_stage == 0 and runtime.precision != "fp16" and not ds.onebit_adam:
+    if train.nonfinite == "skip" and ds.zero_stage == 0 and runtime.precision != "fp16":
         return ("train.nonfinite=skip needs DeepSpeed to check the gradients for inf/NaN, which it does under ZeRO "
                 "(impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or train.nonfinite=halt|rollback")
     if ds.onebit_adam:

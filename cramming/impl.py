@@ -21,6 +21,7 @@ class Runtime:
     compile: bool
     attention: str = "sdpa"  # a name in ATTENTION_KERNELS
     rotary: str = "torch"  # a name in ROTARY_IMPLS
+    loss: str = "plain"  # fused | plain (model/fused_loss.py)
 
     def autocast(self):
         """A context factory: autocast for bf16/fp16, nothing for fp32."""
@@ -91,6 +92,14 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device) -> tuple
     return name, rotary
 
 
+def auto_loss(device: torch.device, arch) -> str:
+    """Where the fused loss was measured faster: the causal head on CPU (1.07x a gpt-tiny step), which scores every
+    token. The sparse MLM head scores a quarter of them, and there fused measured 0.96-0.99x; on GPUs it is not
+    measured yet (scripts/bench.py --sections gpu does), and torch.compile fuses the plain path's elementwise work."""
+    causal = arch is not None and arch.objective == "clm"
+    return "fused" if causal and device.type == "cpu" else "plain"
+
+
 def resolve(impl, arch=None) -> Runtime:
     device_name = impl.device
     if device_name == "auto":
@@ -103,4 +112,5 @@ def resolve(impl, arch=None) -> Runtime:
         precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
     attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device)
-    return Runtime(device, precision, compile_, attention, rotary)
+    loss = impl.loss if impl.loss != "auto" else auto_loss(device, arch)
+    return Runtime(device, precision, compile_, attention, rotary, loss)

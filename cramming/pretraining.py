@@ -47,6 +47,7 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
         vocab_size=vocab_size,
         attention_impl=runtime.attention,
         rotary_impl=runtime.rotary,
+        loss_impl=runtime.loss,
         pad_token_id=special_ids["pad"],
         cls_token_id=special_ids["cls"],
         sep_token_id=special_ids["sep"],

@@ -154,6 +154,6 @@ def test_pretrain_with_the_triton_kernels_matches_sdpa(tmp_path):
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         losses[kernels[0]] = [r["loss"] for r in records if "loss" in r] + [records[-1]["val_loss"]]
         saved = json.loads((run_dir / "checkpoint" / "config.json").read_text())
-        assert (saved["attention_impl"], saved["rotary_impl"]) == ("sdpa", "torch")
+        assert (saved["attention_impl"], saved["rotary_impl"], saved["loss_impl"]) == ("sdpa", "torch", "plain")
     assert len(losses["triton"]) == 4
     assert losses["triton"] == pytest.approx(losses["sdpa"], rel=1e-4, abs=1e-4)

@@ -52,6 +52,7 @@ class CrammedConfig(PretrainedConfig):
         classifier_dropout: float = 0.1,
         attention_impl: str = "sdpa",
         rotary_impl: str = "torch",
+        loss_impl: str = "plain",
         pad_token_id: int = 0,
         cls_token_id: int = 2,
         sep_token_id: int = 3,
@@ -101,6 +102,7 @@ class CrammedConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.attention_impl = attention_impl  # kernels are a runtime choice: checkpoints are saved with sdpa/torch
         self.rotary_impl = rotary_impl
+        self.loss_impl = loss_impl  # fused | plain: how training computes the head's loss (model/fused_loss.py)
         self.cls_token_id = cls_token_id
         self.mask_token_id = mask_token_id
         kwargs.pop("tie_word_embeddings", None)  # derived from tie_embeddings; present when loading a saved config

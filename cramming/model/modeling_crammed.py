@@ -15,6 +15,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Maske
 
 from .block import BLOCKS
 from .configuration_crammed import CrammedConfig
+from .fused_loss import linear_cross_entropy
 from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
 from .norms import ScaleNorm, build_norm
@@ -150,7 +151,10 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
             selected = labels != -100
             hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
             labels = labels[selected]
-        logits = self.decoder(self.transform(hidden))
+        hidden = self.transform(hidden)
+        if self.training and self.config.loss_impl == "fused":  # no logits: they never exist in full
+            return MaskedLMOutput(loss=linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, labels))
+        logits = self.decoder(hidden)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
         return MaskedLMOutput(loss=loss, logits=logits)
 
@@ -180,13 +184,17 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> CausalLMOutput:
-        logits = self.decoder(self.encoder(input_ids, attention_mask).last_hidden_state)
-        loss = None
-        if labels is not None:  # position t predicts token t + 1; the last position predicts nothing (-100)
-            # Shift the targets, not the logits: a slice of the (batch, seq, vocab) logits is copied forward and
-            # gets a zero-filled full-size gradient backward, a tenth of a small model's CPU step.
-            targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+        if labels is None:
+            return CausalLMOutput(logits=self.decoder(hidden))
+        # Position t predicts token t + 1; the last position predicts nothing (-100). Shift the targets, not the
+        # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
+        # gradient backward, a tenth of a small model's CPU step.
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+        if self.training and self.config.loss_impl == "fused":  # no logits: they never exist in full
+            return CausalLMOutput(loss=linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets))
+        logits = self.decoder(hidden)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
 

@@ -13,8 +13,10 @@ from ..model import AUTO_MAP
 
 SUMMARY = "train_summary.json"
 # The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
-# names the PyTorch paths, which compute the same function everywhere.
-PORTABLE_KERNELS = {"attention_impl": "sdpa", "rotary_impl": "torch"}
+# names the PyTorch paths, which compute the same function everywhere. The fused loss travels, but returns no
+# logits in training, which Hugging Face users expect: checkpoints name the plain loss.
+PORTABLE_KERNELS = {"attention_impl": "sdpa", "rotary_impl": "torch", "loss_impl": "plain"}
+RUN_ONLY = ("triton", "fused")
 
 
 def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
@@ -26,7 +28,7 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
     in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
     try:
         for key, portable in PORTABLE_KERNELS.items():
-            if in_use[key] == "triton":
+            if in_use[key] in RUN_ONLY:
                 setattr(model.config, key, portable)
         model.save_pretrained(tmp, safe_serialization=True)
     finally:

@@ -1,0 +1,81 @@
+"""The vocabulary projection and its cross-entropy in one pass over chunks of rows, gradients included.
+
+The plain path materialises (rows x vocab) logits, then a log-softmax of the same size, then their gradient, each
+in fresh memory: at a 32k vocabulary and 2k rows that is 256 MB apiece, and on a CPU the page faults and memory
+traffic cost about as much as the matmuls around them. Here each chunk's logits turn into their own gradient in
+place (softmax minus one-hot) and are consumed at once by the two gradient matmuls, so one chunk is the peak and
+nothing but the two gradients is kept for backward. The FLOPs are the same. For training only: evaluation wants
+the logits themselves.
+"""
+
+import torch
+
+CHUNK_ELEMENTS = 2**23  # logits per chunk: 32 MB in fp32, 256 rows of a 32k vocabulary
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """mean over rows with target != -100 of cross_entropy(hidden @ weight.T + bias, target)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets):
+        device = hidden.device.type
+        # under autocast the matmuls run in its dtype, as the plain nn.Linear would; the softmax runs in fp32
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        with torch.autocast(device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            valid = targets != -100
+            plain = dtype == torch.float32 and hidden.dtype == torch.float32  # no casts: write into place
+            count = valid.sum()
+            scale = 1.0 / count.clamp(min=1).to(torch.float32)
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            grad_hidden = torch.empty_like(hidden)
+            written = plain and h.shape[0] > 0  # the first chunk's matmul writes every element
+            grad_weight = (torch.empty_like if written else torch.zeros_like)(weight, dtype=torch.float32)
+            grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+            rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
+            buffer = torch.empty(min(rows, h.shape[0]), weight.shape[0], dtype=torch.float32, device=hidden.device)
+            for start in range(0, h.shape[0], rows):
+                chunk, keep = h[start:start + rows], valid[start:start + rows]
+                target = targets[start:start + rows].clamp(min=0)[:, None]
+                logits = buffer[:chunk.shape[0]]  # one buffer for every chunk: fresh memory costs page faults
+                if plain:
+                    torch.matmul(chunk, w.t(), out=logits)
+                else:
+                    logits.copy_(chunk @ w.t())
+                if b is not None:
+                    logits += b
+                lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+                total += ((lse.squeeze(1) - logits.gather(1, target).squeeze(1)) * keep).sum()
+                # d(mean loss)/d(logits) = (softmax - one_hot) / count on kept rows, zero on ignored ones
+                grad = logits.sub_(lse).exp_()
+                grad.scatter_add_(1, target, -keep[:, None].float())
+                grad.mul_(keep[:, None] * scale)
+                if plain:
+                    torch.matmul(grad, w, out=grad_hidden[start:start + rows])
+                    if start == 0:  # the first chunk writes, the others add: no zero-filled start
+                        torch.matmul(grad.t(), chunk, out=grad_weight)
+                    else:
+                        grad_weight.addmm_(grad.t(), chunk)
+                else:
+                    low = grad.to(dtype)
+                    grad_hidden[start:start + rows] = low @ w
+                    grad_weight += (low.t() @ chunk).float()
+                if grad_bias is not None:
+                    grad_bias += grad.sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.has_bias = bias is not None
+        ctx.weight_dtype = weight.dtype
+        return total * scale
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
+        grad_bias = (grad_bias * grad_loss).to(ctx.weight_dtype) if ctx.has_bias else None
+        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight, grad_bias, None
+
+
+def linear_cross_entropy(hidden, weight, bias, targets):
+    """The loss of `nn.Linear(weight, bias)` followed by `F.cross_entropy(ignore_index=-100)`, fused."""
+    return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1))
