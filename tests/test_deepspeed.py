@@ -189,7 +189,7 @@ def test_what_deepspeed_cannot_do_is_refused_before_any_work(monkeypatch):
     with pytest.raises(UserError, match="impl.deepspeed.zero_stage=3 is invalid"):
         config_for(*TINY, "train.max_steps=4", *ENGINE, "impl.deepspeed.zero_stage=3")
     onebit = config_for(*TINY, "train.max_steps=4", *ENGINE, "impl.deepspeed.onebit_adam=true",
-                        "impl.deepspeed.zero_stage=0")
+                        "impl.deepspeed.zero_stage=0", "train.nonfinite=halt")
     if importlib.util.find_spec("deepspeed") is not None:
         monkeypatch.setattr(deepspeed_engine, "has_onebit_adam", lambda: True)
         with pytest.raises(UserError, match="onebit_adam needs CUDA GPUs"):

@@ -4,6 +4,7 @@ checkpoint, checked before training; the objective a sweeper receives."""
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,14 +62,15 @@ def test_eval_after_fine_tunes_the_fresh_checkpoint(tmp_path):
 
 
 def test_eval_after_is_checked_before_training(tmp_path):
-    result = run_pretrain(*TINY, "eval_after=true", "eval_overrides=['eval.tasks=[sst2]','eval.data_dir=/no/such']",
-                          run_dir=tmp_path)
-    one_line_error(result, "/no/such")
-    assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "metrics.jsonl").exists()
-    result = run_pretrain(*TINY, "eval_after=true", "eval_overrides=['eval.bogus=1']", run_dir=tmp_path)
-    one_line_error(result, "eval_overrides")
-    result = run_pretrain(*TINY, "sweep_objective=glue_average", run_dir=tmp_path)
-    one_line_error(result, "needs eval_after=true")
+    cases = {"/no/such": ["eval_after=true", "eval_overrides=['eval.tasks=[sst2]','eval.data_dir=/no/such']"],
+             "eval_overrides": ["eval_after=true", "eval_overrides=['eval.bogus=1']"],
+             "needs eval_after=true": ["sweep_objective=glue_average"]}
+    with ThreadPoolExecutor(len(cases)) as pool:  # three interpreters at once: most of each is start-up
+        results = pool.map(lambda i: run_pretrain(*TINY, *list(cases.values())[i], run_dir=tmp_path / str(i)),
+                           range(len(cases)))
+        for i, (fragment, result) in enumerate(zip(cases, results)):
+            one_line_error(result, fragment)
+            assert not (tmp_path / str(i) / "checkpoint").exists() and not (tmp_path / str(i) / "metrics.jsonl").exists()
 
 
 def test_swept_values_are_told_from_fixed_ones():
