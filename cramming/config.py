@@ -161,7 +161,7 @@ class ImplConfig:
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
     attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
     rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
-    loss: str = "auto"  # auto | fused | plain: the training loss's head; auto = fused for clm on CPU, else plain
+    loss: str = "auto"  # auto | fused | plain: the training loss's head; auto = fused on CPU, plain on CUDA
     num_workers: int = 0
     distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)

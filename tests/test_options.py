@@ -30,7 +30,7 @@ def config_for(*overrides):
     ["impl.precision=bf16"],
     ["impl.precision=fp16"],
     ["impl.num_workers=1"],
-    ["impl.loss=fused"],
+    ["impl.loss=plain"],
     ["train.log_every=2", "train.schedule=budget-cosine"],
     ["train.optim.name=lion", "train.lr=1e-4", "train.schedule=budget-wsd", "train.cooldown=0.5"],
     ["train.optim.name=muon", "train.schedule=step-cosine", "train.warmup=0.3"],

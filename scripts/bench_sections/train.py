@@ -7,7 +7,9 @@ build_optimizer, the MLM objective's masking, torch.compile on GPU). Hugging Fac
 forward with labels (full-vocabulary head on every position), backward, torch AdamW with default settings; dropout
 0 like ours, so the comparison is the implementation, not a regulariser. Both clip the gradient norm (our trainer
 always does; HF's Trainer does by default). Both see the same random token batches (ids 5..vocab-1), one timed step
-at a time in turn (ours, HF, a matmul-peak sample, ours, ...), after warm-up; the median step counts.
+at a time in turn (ours, HF, a matmul-peak sample, ours, ...), after warm-up; the median step counts. Ours is
+also timed, in the same turns, with the other training loss (impl.loss=fused against plain): the ratio behind
+impl.loss=auto's choice.
 
 FLOPs (2 per multiply-add), forward, per token. Ours: cramming.pretraining.flops_per_token (each block projection
 counts itself, attention 4 * seq * hidden per layer, halved when causal, the head on the share of tokens it decodes:
@@ -31,6 +33,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from . import loss_memory
 from .common import MatmulPeak, compose_config, table, target, timed
 
 CPU_CASES = [("crammed-bert-tiny", 32), ("crammed-bert-mini", 16), ("gpt-tiny", 16)]
@@ -55,8 +58,8 @@ def matmul_weights(module: nn.Module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D")
 
 
-def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
-    """(ours, hf): each a dict with the model, optimizer, step inputs and forward FLOPs per token."""
+def build_ours(arch_name: str, seq: int, vocab: int, device, smoke: bool, loss: str = "auto"):
+    """(config, runtime, ours) as pretrain.py builds them; `loss` is impl.loss."""
     from cramming.data.tokenizer import SPECIAL_IDS
     from cramming.impl import resolve
     from cramming.pretraining import build_model, flops_per_token
@@ -64,14 +67,24 @@ def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
     from cramming.train.optim import build_optimizer
 
     overrides = [f"arch={arch_name}", f"data.vocab_size={vocab}", f"data.seq_length={seq}",
-                 f"impl={'gpu' if device.type == 'cuda' else 'cpu'}"] + (SMOKE_ARCH if smoke else [])
+                 f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", f"impl.loss={loss}"] + (SMOKE_ARCH if smoke else [])
     config = compose_config(overrides)
     arch, runtime = config.arch, resolve(config.impl, config.arch)
     model = build_model(arch, vocab, SPECIAL_IDS, runtime).to(device)
     meta = {"special_ids": SPECIAL_IDS, "vocab_size": vocab}
     ours = {"model": model, "step_model": torch.compile(model) if runtime.compile else model,
             "opt": build_optimizer(model, config.train, device), "flops": flops_per_token(model, config),
-            "objective": build_objective(arch.objective, config.train, meta, device)}
+            "objective": build_objective(arch.objective, config.train, meta, device), "loss": runtime.loss,
+            "params": sum(p.numel() for p in model.parameters())}
+    return config, runtime, ours
+
+
+def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
+    """(ours, hf): each a dict with the model, optimizer, step inputs and forward FLOPs per token."""
+    from cramming.data.tokenizer import SPECIAL_IDS
+
+    config, runtime, ours = build_ours(arch_name, seq, vocab, device, smoke)
+    arch = config.arch
 
     tokenizer = synthetic_tokenizer(vocab)
     clm = arch.objective == "clm"
@@ -95,8 +108,7 @@ def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
     hf = {"model": hf_model, "step_model": hf_model, "opt": torch.optim.AdamW(hf_model.parameters(), lr=config.train.lr),
           "flops": 2 * matmul_weights(layers) + attention + 2 * matmul_weights(head),
           "collator": DataCollatorForLanguageModeling(tokenizer, mlm=not clm, mlm_probability=config.train.mask_prob)}
-    for side in (ours, hf):
-        side["params"] = sum(p.numel() for p in side["model"].parameters())
+    hf["params"] = sum(p.numel() for p in hf_model.parameters())
     return config, runtime, ours, hf
 
 
@@ -117,9 +129,11 @@ def train_step(side: dict, batch: torch.Tensor, generator, clip: float, autocast
 def measure_case(arch_name: str, batch: int, seq: int, vocab: int, rounds: int, warmup: int, device, peak,
                  smoke: bool) -> dict:
     config, runtime, ours, hf = build_pair(arch_name, seq, vocab, device, smoke)
+    other = "plain" if ours["loss"] == "fused" else "fused"
+    _, _, alternative = build_ours(arch_name, seq, vocab, device, smoke, loss=other)  # what impl.loss=auto chose against
     autocast = runtime.autocast()
     generator = torch.Generator(device=device)
-    sides = {"ours": ours, "HF": hf}
+    sides = {"ours": ours, f"ours, impl.loss={other}": alternative, "HF": hf}
 
     def step(side, index):
         generator.manual_seed(1000 + index)
@@ -146,10 +160,13 @@ def measure_case(arch_name: str, batch: int, seq: int, vocab: int, rounds: int, 
                                   "step_times": side["times"], "tokens_per_s": tokens / median,
                                   "mfu": 3 * side["flops"] * tokens / median / case_peak}
     result["speedup"] = result["models"]["ours"]["tokens_per_s"] / result["models"]["HF"]["tokens_per_s"]
+    fused, plain = ((ours, alternative) if ours["loss"] == "fused" else (alternative, ours))
+    result["loss"] = ours["loss"]
+    result["fused_over_plain"] = statistics.median(plain["times"]) / statistics.median(fused["times"])
     # The most ours/HF could be with ours at 100 % of the peak and HF as measured: a ratio above this needs fewer FLOPs.
     result["ceiling"] = result["models"]["HF"]["fwd_flops_per_token"] / (
         result["models"]["ours"]["fwd_flops_per_token"] * result["models"]["HF"]["mfu"])
-    del ours, hf, sides
+    del ours, alternative, hf, sides
     return result
 
 
@@ -166,6 +183,8 @@ def run(args, device) -> dict:
         print(f"  {arch_name}: batch {batch} x {seq}, vocab {vocab}, {rounds} timed steps per model", flush=True)
         torch.manual_seed(0)
         results.append(measure_case(arch_name, batch, seq, vocab, rounds, 0 if smoke else 1, device, peak, smoke))
+        if device.type == "cpu":  # peak resident memory is a CPU measure; on GPUs the allocator keeps its own
+            results[-1]["memory"] = loss_memory.measure(arch_name, batch, seq, vocab, smoke)
     on_cpu = device.type == "cpu"
     targets = []
     for case in results:
@@ -175,7 +194,14 @@ def run(args, device) -> dict:
         targets.append(target("train", f"{case['arch']}: MFU (of the measured {str(dtype).removeprefix('torch.')} matmul peak)",
                               case["models"]["ours"]["mfu"], ">= 60 %" if on_cpu else "report",
                               ">=" if on_cpu else "report", 0.60, unit="%"))
-    rows = [[f"{c['arch']} ({c['batch']} x {c['seq']})", name, m["params"] / 1e6, m["fwd_flops_per_token"] / 1e6,
+        targets.append(target("train", f"{case['arch']}: step speed impl.loss=fused / plain (auto picks "
+                                       f"{case['loss']})", case["fused_over_plain"], "report", "report", None))
+        if "memory" in case:
+            fused, plain = case["memory"]["fused"]["step_bytes"], case["memory"]["plain"]["step_bytes"]
+            targets.append(target("train", f"{case['arch']}: step working memory impl.loss=fused / plain",
+                                  fused / plain, "report", "report", None))
+    rows = [[f"{c['arch']} ({c['batch']} x {c['seq']})", name if name != "ours" else f"ours, impl.loss={c['loss']}",
+             m["params"] / 1e6, m["fwd_flops_per_token"] / 1e6,
              m["step_s"] * 1e3, m["tokens_per_s"], c["peak_flops"] / 1e9, f"{100 * m['mfu']:.1f} %",
              f"{c['speedup']:.2f}x" if name == "ours" else "", f"{c['ceiling']:.2f}x" if name == "ours" else ""]
             for c in results for name, m in c["models"].items()]
@@ -185,5 +211,11 @@ def run(args, device) -> dict:
                          "peak GFLOP/s", "MFU", "ours/HF", "ours/HF at 100 % MFU"], rows)
                 + "\n\nThe last column is the most ours/HF could be with our MFU at 100 % and HF's as measured (HF's forward "
                   "FLOPs / (ours x HF's MFU)): where it is below a target, only fewer FLOPs per token could meet it.")
+    memory = [[c["arch"], loss, m["step_bytes"] / 2**20, m["peak_bytes"] / 2**20]
+              for c in results if "memory" in c for loss, m in c["memory"].items()]
+    if memory:
+        markdown += ("\n\nWorking memory of a training step (peak resident set minus what stays resident between "
+                     "steps; each in its own interpreter, `scripts/bench_sections/loss_memory.py`):\n\n"
+                     + table(["model", "impl.loss", "step MiB", "peak RSS MiB"], memory))
     return {"status": "ok", "peak_flops": peak.flops(), "peak_samples": peak.samples, "dtype": str(dtype),
             "cases": results, "targets": targets, "markdown": markdown}
