@@ -1,3 +1,9 @@
 """cramming: pretrain a language model on a hard wall-clock budget on one GPU, then measure it on GLUE."""
 
+import logging
+
 __version__ = "0.1.0"
+
+# Where DeepSpeed is installed, accelerate imports it inside save_pretrained, and DeepSpeed then logs every gcc call
+# of its feature probes at INFO, which Hydra's job log would print in the middle of our output.
+logging.getLogger("compilers").setLevel(logging.WARNING)

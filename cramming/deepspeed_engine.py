@@ -23,9 +23,7 @@ INSTALL = "pip install 'cramming[deepspeed]'"
 
 def require():
     """The deepspeed module, or one line saying how to install it."""
-    # its INFO lines (and those of the compiler probes it runs) would drown ours
-    for name in ("DeepSpeed", "compilers"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its INFO lines would drown ours
     try:
         import deepspeed
     except ImportError:

@@ -183,7 +183,8 @@ def run(args, device) -> dict:
         print(f"  {arch_name}: batch {batch} x {seq}, vocab {vocab}, {rounds} timed steps per model", flush=True)
         torch.manual_seed(0)
         results.append(measure_case(arch_name, batch, seq, vocab, rounds, 0 if smoke else 1, device, peak, smoke))
-        if device.type == "cpu":  # peak resident memory is a CPU measure; on GPUs the allocator keeps its own
+        # peak resident memory is a CPU measure (on GPUs the allocator keeps its own); a smoke run probes one case
+        if device.type == "cpu" and not (smoke and len(results) > 1):
             results[-1]["memory"] = loss_memory.measure(arch_name, batch, seq, vocab, smoke)
     on_cpu = device.type == "cpu"
     targets = []
