@@ -1,6 +1,6 @@
 """More than one process: torchrun with PyTorch's DDP or FSDP2, or DeepSpeed (deepspeed_engine.py). No
-communication code of our own beyond agreeing
-on a few scalars (the budget clock, a stop signal, a checkpoint being due), so every rank takes the same decisions.
+communication code of our own beyond agreeing on a few scalars (the budget clock, a stop signal, a checkpoint
+being due), so every rank takes the same decisions.
 
 The global batch keeps its single-GPU meaning: train.batch_size = microbatch x accumulation x world size. Rank r
 reads the r-th slice of each global microbatch, so the ranks together read exactly the rows (and, with position-

@@ -162,9 +162,11 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
             carry_metrics(resume_from, run_dir, state.step)
         say(f"resuming from {resume_from}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent",
               flush=True)
-    step_model = torch.compile(model) if runtime.compile and distributed.engine != "deepspeed" else model
+    step_model = model
     if runtime.compile and distributed.engine == "deepspeed":
-        model.compile()  # the engine compiles its module in place and keeps its own methods
+        model.compile()  # the engine compiles its module in place and keeps its own methods (backward, step)
+    elif runtime.compile:
+        step_model = torch.compile(model)
     stages = stage_factors(config.train.seq_schedule, meta["seq_length"])
     blocks = block_rows(stages)
     microbatch = microbatch_size(config)

@@ -3,7 +3,7 @@
 # section (with the fused/plain loss ratio), and 1-GPU runs of FSDP2 and DeepSpeed (ZeRO-1, ZeRO-2) on NCCL.
 # Results go under $OUT (default gpu_out/): one log per check, status.txt with each exit code and time,
 # benchmarks.md (a copy of docs/benchmarks.md with the Kernels block rewritten) and bench/bench.md (the GPU section).
-#   bash scripts/gpu_checks.sh            # about 6 minutes on an H200
+#   bash scripts/gpu_checks.sh            # an estimated 6 minutes on an H200 (not yet run on one)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}

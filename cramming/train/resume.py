@@ -3,9 +3,9 @@
 A checkpoint is `checkpoints/step-<n>/` under the run directory: `state.pt` (model, optimizer, grad scaler, the
 trainer's TrainState with the data position and elapsed budget), `rng-<rank>.pt` (every RNG state of each
 process) and `COMPLETE`, written last. Under FSDP2 the model and optimizer are in `sharded/` instead, under
-DeepSpeed in the engine's own files (`deepspeed/`). It is
-written into `step-<n>.tmp/`, flushed to disk and only then renamed, so a folder without the `.tmp` suffix and
-with its marker is whole; anything else (a run killed mid-write) is ignored and cleaned up.
+DeepSpeed in the engine's own files (`deepspeed/`). It is written into `step-<n>.tmp/`, flushed to disk and only
+then renamed, so a folder without the `.tmp` suffix and with its marker is whole; anything else (a run killed
+mid-write) is ignored and cleaned up.
 """
 
 import json
@@ -128,9 +128,10 @@ def load_weights(path: Path, model, optimizer, scaler, distributed: Distributed 
     saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
     engine, model = model, unwrap(model)
     for folder, name in ((SHARDED, "fsdp2"), (deepspeed_engine.FOLDER, "deepspeed")):
-        if (Path(path) / folder).is_dir() != (distributed.engine == name):
-            raise UserError(f"{path} was written {'with' if (Path(path) / folder).is_dir() else 'without'} "
-                            f"impl.distributed={name} and must be resumed the same way")
+        written_with = (Path(path) / folder).is_dir()
+        if written_with != (distributed.engine == name):
+            raise UserError(f"{path} was written {'with' if written_with else 'without'} impl.distributed={name} "
+                            "and must be resumed the same way")
     if distributed.engine == "deepspeed":
         written_by = json.loads((Path(path) / MARKER).read_text()).get("world")
         if written_by != distributed.world:

@@ -168,11 +168,12 @@ def optimizer_step(model, optimizer, scaler, step_loss, grad_clip) -> tuple[torc
     finite = torch.isfinite(step_loss)
     if not scaler.is_enabled():
         finite = finite & torch.isfinite(grad_norm)
-    if bool(finite):
+    applied = bool(finite)  # the one sync
+    if applied:
         scaler.step(optimizer)
         scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm, bool(finite)
+    return grad_norm, applied
 
 
 def handle_nonfinite(cfg_train, state, loss, grad_norm, model, optimizer, scaler, checkpointer, log) -> None:

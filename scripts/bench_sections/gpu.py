@@ -6,7 +6,8 @@ torch.compile, the Triton kernels), full training steps (mask, forward, backward
 tokens; after warm-up steps (compilation), the median step. MFU = 3 x forward FLOPs/token
 (cramming.pretraining.flops_per_token) x tokens/s / bf16 peak, against the datasheet peak (cramming.impl
 PEAK_TFLOPS) and, beside it, a bf16 matmul measured here. The same steps again with the other training loss
-(impl.loss=fused against the plain one that impl.loss=auto picks on CUDA) give the ratio that decides that default. Without a GPU the section is skipped; --smoke runs the same
+(impl.loss=fused against the plain one that impl.loss=auto picks on CUDA) give the ratio that decides that
+default. Without a GPU the section is skipped; --smoke runs the same
 end-to-end code on CPU with a tiny model (fp32, eager) so the path is exercised.
 """
 
