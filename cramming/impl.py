@@ -9,9 +9,10 @@ import torch
 
 from .errors import UserError
 
-# Dense bf16 tensor-core peaks from the vendor datasheets, most specific names first.
-PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0),
-               ("A6000", 154.8), ("L40S", 362.0), ("L4", 121.0)]
+# Dense bf16 tensor-core peaks (TFLOP/s) from the vendor datasheets, by a part of torch.cuda.get_device_name();
+# the longest part found wins, since one name holds another ("H200" in "H200 NVL", "L4" in "L40S").
+PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200 NVL": 835.0, "H200": 989.4,
+               "A100": 312.0, "A6000": 154.8, "L40S": 362.0, "L40": 181.0, "L4": 121.0}
 
 
 @dataclass
@@ -35,10 +36,8 @@ class Runtime:
         if self.device.type != "cuda" or self.precision == "fp32":
             return None
         name = torch.cuda.get_device_name(self.device)
-        for key, tflops in PEAK_TFLOPS:
-            if key in name:
-                return tflops * 1e12
-        return None
+        found = [key for key in PEAK_TFLOPS if key in name]
+        return PEAK_TFLOPS[max(found, key=len)] * 1e12 if found else None
 
     def grad_scaler(self):
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
