@@ -1,4 +1,4 @@
-"""FLOPs per token: the closed form for a dense model, and structured layers counting their own."""
+"""FLOPs per token: exact counts from the dimensions for every block kind, and structured layers counting their own."""
 
 import pytest
 
@@ -6,15 +6,37 @@ from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.train.flops import forward_flops_per_token
 
 TINY = dict(vocab_size=100, hidden_size=32, num_layers=3, num_heads=4, ffn_size=128, ffn="mlp")
+H, F, SEQ, VOCAB = 32, 128, 20, 100
+ATTENTION = 2 * (H * 3 * H + H * H + H * F + F * H) + 4 * SEQ * H  # qkv, out, up, down; scores + weighted sum
+GMLP = 2 * (H * F + F // 2 * H) + 2 * SEQ * (F // 2)  # up, down; the spatial matrix over the gate's half
+TINY_ATTENTION = 2 * (H * 3 * 16 + 16 * F // 2) + 4 * SEQ * 16  # aMLP, gmlp_attn_dim=16: its qkv, out, one head
 
 
 def test_dense_count_is_the_textbook_formula():
     model = CrammedForMaskedLM(CrammedConfig(**TINY))
-    h, f, layers, seq = 32, 128, 3, 20
-    per_layer = 2 * (h * 3 * h + h * h + h * f + f * h) + 4 * seq * h
-    assert forward_flops_per_token(model, seq, 0.25) == layers * per_layer + int(2 * h * 100 * 0.25)
+    assert forward_flops_per_token(model, SEQ, 0.25) == 3 * ATTENTION + int(2 * H * VOCAB * 0.25)
     causal = CrammedForCausalLM(CrammedConfig(**TINY, objective="clm"))
-    assert forward_flops_per_token(causal, seq) == layers * (per_layer - 2 * seq * h) + 2 * h * 100
+    assert forward_flops_per_token(causal, SEQ) == 3 * (ATTENTION - 2 * SEQ * H) + 2 * H * VOCAB
+
+
+def test_gmlp_counts_its_spatial_gate_and_no_attention():
+    model = CrammedForMaskedLM(CrammedConfig(**TINY, layout="gmlp"))
+    assert forward_flops_per_token(model, SEQ, 0.25) == 3 * GMLP + int(2 * H * VOCAB * 0.25)
+    # the causal lower triangle is applied as a full (masked) matrix: the same count
+    causal = CrammedForCausalLM(CrammedConfig(**TINY, layout="gmlp", objective="clm"))
+    assert forward_flops_per_token(causal, SEQ) == 3 * GMLP + 2 * H * VOCAB
+
+
+def test_amlp_adds_its_tiny_attention():
+    model = CrammedForMaskedLM(CrammedConfig(**TINY, layout="gmlp", gmlp_attn_dim=16))
+    assert forward_flops_per_token(model, SEQ) == 3 * (GMLP + TINY_ATTENTION) + 2 * H * VOCAB
+    causal = CrammedForCausalLM(CrammedConfig(**TINY, layout="gmlp", gmlp_attn_dim=16, objective="clm"))
+    assert forward_flops_per_token(causal, SEQ) == 3 * (GMLP + TINY_ATTENTION - 2 * SEQ * 16) + 2 * H * VOCAB
+
+
+def test_a_mixed_layout_counts_each_block_as_its_kind():
+    model = CrammedForMaskedLM(CrammedConfig(**TINY, layout=["attention", "gmlp"]))  # attention, gmlp, attention
+    assert forward_flops_per_token(model, SEQ) == 2 * ATTENTION + GMLP + 2 * H * VOCAB
 
 
 @pytest.mark.parametrize("kind", ["lowrank", "kronecker", "monarch", "btt", "btt-moe"])

@@ -6,7 +6,7 @@ from torch import nn
 
 from .attention import SelfAttention
 from .ffn import FFNS
-from .gmlp import GMLPBlock
+from .gmlp import GMLPBlock, linear_flops
 from .norms import build_norm
 from .registry import Registry
 
@@ -24,6 +24,12 @@ class TransformerBlock(nn.Module):
         self.norm2 = build_norm(config)
         self.ffn = FFNS.get_or_explain(config.ffn)(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
+        self.hidden_size, self.causal = config.hidden_size, config.objective == "clm"
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """The projections (each layer counts its own structure), then the scores and the weighted sum:
+        4 * seq * hidden, half of it when causal (FlashAttention's convention: the masked half is skipped)."""
+        return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, bias=None) -> torch.Tensor:
         if self.pre_norm:

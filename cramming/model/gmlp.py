@@ -11,8 +11,13 @@ from torch import nn
 
 from .attention import ATTENTION_KERNELS
 from .ffn import ACTIVATIONS
-from .linear import build_linear
+from .linear import LinearMethods, build_linear
 from .norms import build_norm
+
+
+def linear_flops(module: nn.Module) -> int:
+    """Forward FLOPs per token of the structured-or-dense layers inside `module` (2 per multiply-add)."""
+    return sum(m.flops_per_token() for m in module.modules() if isinstance(m, LinearMethods))
 
 
 class TinyAttention(nn.Module):
@@ -26,6 +31,11 @@ class TinyAttention(nn.Module):
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.objective == "clm"
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """Its two plain projections, and one head of width dim attending over seq (halved when causal)."""
+        projections = 2 * (self.qkv.weight.numel() + self.out.weight.numel())
+        return projections + 4 * seq_len * self.dim // (2 if self.causal else 1)
+
     def forward(self, x, key_padding_mask=None):
         q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
         y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal)
@@ -35,7 +45,7 @@ class TinyAttention(nn.Module):
 class GMLPBlock(nn.Module):
     def __init__(self, config, index: int = 0):
         super().__init__()
-        half = config.ffn_size // 2
+        self.half = half = config.ffn_size // 2
         self.pre_norm = config.norm_position == "pre"
         self.norm = build_norm(config)
         self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
@@ -49,6 +59,12 @@ class GMLPBlock(nn.Module):
         self.down.residual_output = True
         self.causal = config.objective == "clm"
         self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """up and down, the spatial mixing (each position sums seq positions over the gate's half width; the
+        causal triangle is a masked full matrix, so it costs the same), and aMLP's tiny attention."""
+        tiny = self.tiny_attention.flops_per_token(seq_len) if self.tiny_attention is not None else 0
+        return linear_flops(self) + 2 * seq_len * self.half + tiny
 
     def gate(self, x, key_padding_mask):
         seq_len = x.shape[1]
