@@ -255,6 +255,8 @@ def test_rejects_dropout_and_bad_inputs():
         flash_attention(q, k, v, dropout_p=0.1)
     with pytest.raises(ValueError, match="shape"):
         flash_attention(q, k[:, :, :3], v)
+    with pytest.raises(ValueError, match=r"dtype, got q torch.float32, k torch.float32, v torch.bfloat16"):
+        flash_attention(q, k, v.bfloat16())
     with pytest.raises(ValueError, match="window"):
         flash_attention(q, k, v, window=-1)
     with pytest.raises(ValueError, match="key_padding_mask"):

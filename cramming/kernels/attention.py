@@ -145,8 +145,11 @@ def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
         raise RuntimeError("the 'triton' attention kernel needs triton, which is not importable here; use the "
                            "'sdpa' or 'eager' kernel")
     shapes = [tuple(t.shape) for t in (q, k, v)]
-    if q.dim() != 4 or len(set(shapes)) != 1 or not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"q, k, v must share one (batch, heads, seq, head_dim) shape and dtype, got {shapes}")
+    if q.dim() != 4 or len(set(shapes)) != 1:
+        raise ValueError(f"q, k, v must share one (batch, heads, seq, head_dim) shape, got {shapes}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype} (under autocast, "
+                         "cast them to the autocast dtype first, as SelfAttention does)")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or q.shape[-1] > 256:
         raise ValueError(f"supported: fp16/bf16/fp32 and head_dim <= 256, got {q.dtype}, head_dim {q.shape[-1]}")
     if window is not None and window < 0:

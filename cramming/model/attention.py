@@ -65,6 +65,16 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
     return (probs @ v.float()).to(q.dtype)
 
 
+def autocast_dtype(q, k, v):
+    """q, k, v in the autocast dtype. CUDA autocast runs layer/RMS norms in fp32 (CPU autocast in bf16), so with
+    QK-norm q and k would reach the kernel as fp32 beside a bf16 v: every kernel gets one dtype instead."""
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 class SelfAttention(nn.Module):
     """`index` counts the attention blocks only: the pattern list and rotary_every cycle over those."""
 
@@ -101,6 +111,7 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = autocast_dtype(q, k, v)
         if self.rotary is not None:
             rotary_dim = int(self.head_dim * self.rotary_pct) // 2 * 2
             cos, sin = rotary_cos_sin(seq_len, rotary_dim, self.rotary_base, x.device, torch.float32)

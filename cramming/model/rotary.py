@@ -8,6 +8,7 @@ Triton version under the name "triton" (`impl.rotary`).
 """
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .registry import Registry
 
@@ -24,6 +25,8 @@ def rotary_cos_sin(seq_len: int, rotary_dim: int, base: float = 10000.0, device=
     and returning the same tensors keeps CUDA graphs / torch.compile guards stable. Treat them as read-only.
     """
     device = torch.device("cpu" if device is None else device)
+    if _tracing():  # fake or traced tables must never outlive their mode: build them afresh, cache nothing
+        return _build_tables(seq_len, rotary_dim, base, device, dtype)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (int(seq_len), int(rotary_dim), float(base), device, dtype)
@@ -32,11 +35,21 @@ def rotary_cos_sin(seq_len: int, rotary_dim: int, base: float = 10000.0, device=
             _TABLES.pop(next(iter(_TABLES)))
         # Built as normal tensors even when first asked for under inference_mode (validation runs before
         # training): inference tensors cannot be saved for a later backward.
-        with torch.inference_mode(False), torch.no_grad():
-            inv_freq = base ** (-torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim)
-            angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-            _TABLES[key] = (angles.cos().to(dtype), angles.sin().to(dtype))
+        with torch.inference_mode(False):
+            _TABLES[key] = _build_tables(seq_len, rotary_dim, base, device, dtype)
     return _TABLES[key]
+
+
+def _tracing() -> bool:
+    """True under torch.compile or any dispatch mode (fake tensors, functionalization, meta tracing)."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+
+
+def _build_tables(seq_len, rotary_dim, base, device, dtype):
+    with torch.no_grad():
+        inv_freq = base ** (-torch.arange(0, rotary_dim, 2, device=device, dtype=torch.float32) / rotary_dim)
+        angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rotary_dim_of(x, cos, sin, position_ids, rotary_pct):
