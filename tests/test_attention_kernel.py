@@ -272,3 +272,25 @@ def test_registered_and_missing_triton_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(attention_module, "triton", None)
     with pytest.raises(RuntimeError, match="needs triton"):
         flash_attention(q, k, v)
+
+
+def test_batch_times_heads_is_on_grid_axis_0(monkeypatch):
+    """CUDA caps grid axes 1 and 2 at 65,535; batch * heads passes that with a large microbatch, axis 0 does not."""
+    launched = []
+
+    class Recording:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append((self.name, grid))
+            return self.kernel[grid]
+
+    for name in ("fwd", "dkdv", "dq"):
+        monkeypatch.setitem(flash_kernels.PLAIN, name, Recording(name, flash_kernels.PLAIN[name]))
+    monkeypatch.setattr(attention_module, "DELTA", Recording("delta", flash_kernels.DELTA))
+    q, k, v, do = (t.requires_grad_() for t in make(batch=3, heads=2, seq=37, head_dim=16))
+    flash_attention(q, k, v).backward(do)
+    assert {name for name, _ in launched} == {"fwd", "delta", "dkdv", "dq"}
+    assert all(grid == (6, 3) for _, grid in launched), launched  # (batch * heads, 37 rows in 16-row blocks)
+    assert attention_module.grid(70_000 * 16, 4096, 128) == (1_120_000, 32)

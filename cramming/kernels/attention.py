@@ -23,13 +23,19 @@ if triton is not None:
     from .flash_kernels import DELTA, PLAIN, TUNED
 
 
+def grid(batch_heads, seq, block):
+    """(batch * heads, seq blocks): batch * heads goes on axis 0, whose cap is 2**31 - 1; CUDA caps axes 1 and 2 at
+    65,535, which a large microbatch times the head count passes."""
+    return batch_heads, triton.cdiv(seq, block)
+
+
 def _launch(name, grid_block, seq, batch_heads, args, meta, device):
-    """Run kernel `name` on a (seq / grid_block, batch * heads) grid. Under the interpreter (or off CUDA) the blocks
+    """Run kernel `name` on a (batch * heads, seq / grid_block) grid. Under the interpreter (or off CUDA) the blocks
     are a fixed 16x16 and nothing is autotuned: the interpreter would run every config."""
     if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
-        PLAIN[name][(triton.cdiv(seq, 16), batch_heads)](*args, BLOCK_M=16, BLOCK_N=16, **meta)
+        PLAIN[name][grid(batch_heads, seq, 16)](*args, BLOCK_M=16, BLOCK_N=16, **meta)
     else:
-        TUNED[name][lambda m: (triton.cdiv(seq, m[grid_block]), batch_heads)](*args, **meta)
+        TUNED[name][lambda m: grid(batch_heads, seq, m[grid_block])](*args, **meta)
 
 
 def _meta(q, causal, window, alibi, key_padding_mask):
@@ -67,7 +73,7 @@ def _backward(q, k, v, out, lse, dout, key_padding_mask, causal, window, alibi, 
     delta = torch.empty_like(lse)
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_m = 16 if os.environ.get("TRITON_INTERPRET") == "1" else 64
-    DELTA[(triton.cdiv(seq, block_m), batch * heads)](
+    DELTA[grid(batch * heads, seq, block_m)](
         out, dout, delta, *out.stride()[:3], *dout.stride()[:3], heads, seq, head_dim, BLOCK_M=block_m,
         BLOCK_D=block_d)
     grads = [torch.empty(batch, seq, heads, head_dim, device=q.device, dtype=q.dtype).transpose(1, 2)

@@ -148,8 +148,8 @@ if triton is not None:
                   BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr,
                   ALIBI: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         """One program: BLOCK_M queries of one (batch, head), looping over the key blocks they can see."""
-        m0 = tl.program_id(0) * BLOCK_M
-        pid_bh = tl.program_id(1)
+        m0 = tl.program_id(1) * BLOCK_M
+        pid_bh = tl.program_id(0)  # axis 0: batch * heads may pass CUDA's 65,535 cap on axes 1 and 2
         b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)  # int64: offsets may pass 2**31
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -181,9 +181,9 @@ if triton is not None:
     def _attn_bwd_delta(Out, DO, Delta, sob, soh, son, sdb, sdh, sdn, H, N, D, BLOCK_M: tl.constexpr,
                         BLOCK_D: tl.constexpr):
         """delta_i = rowsum(dO_i * O_i), the softmax-backward correction, in fp32."""
-        pid_bh = tl.program_id(1)
+        pid_bh = tl.program_id(0)
         b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.arange(0, BLOCK_D)
         mask = (rows[:, None] < N) & (cols[None, :] < D)
         o = tl.load(Out + b * sob + h * soh + rows[:, None] * son + cols[None, :], mask=mask, other=0.0)
@@ -226,8 +226,8 @@ if triton is not None:
                        DOT_PREC: tl.constexpr):
         """One program: dK and dV of BLOCK_N keys, looping over the query blocks that see them. DK and DV share
         their strides (sg*)."""
-        n0 = tl.program_id(0) * BLOCK_N
-        pid_bh = tl.program_id(1)
+        n0 = tl.program_id(1) * BLOCK_N
+        pid_bh = tl.program_id(0)
         b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
@@ -280,8 +280,8 @@ if triton is not None:
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                      HAS_PAD: tl.constexpr, ALIBI: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         """One program: dQ of BLOCK_M queries, looping over the key blocks they see (same bounds as forward)."""
-        m0 = tl.program_id(0) * BLOCK_M
-        pid_bh = tl.program_id(1)
+        m0 = tl.program_id(1) * BLOCK_M
+        pid_bh = tl.program_id(0)
         b, h = (pid_bh // H).to(tl.int64), (pid_bh % H).to(tl.int64)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
