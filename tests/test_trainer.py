@@ -1,15 +1,20 @@
-"""The budget loop: it ends on time even inside a large accumulated step, and it learns."""
+"""The budget loop: it ends on time even inside a large accumulated step, it learns, and it keeps going (or stops
+saying why) when a step is not finite."""
 
-import contextlib
+import os
+import signal
 
 import pytest
 import torch
+from test_resume import TINY, config_for
+from tqdm import tqdm
 
 from cramming.config import ArchConfig, DataConfig, TrainConfig
 from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
+from cramming.errors import RunStopped, UserError
 from cramming.impl import Runtime
-from cramming.pretraining import build_model
+from cramming.pretraining import build_model, pretrain
 from cramming.train.masking import PositionalMasks
 from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
@@ -33,21 +38,29 @@ def sanity_data(tmp_path_factory):
     return prepare_data(cfg)
 
 
-def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-never-written"):
+def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-never-written", precision="fp32",
+        log=None, save_first=False):
+    """Train a tiny model in-process; `save_first` writes a checkpoint before the first step (as pretraining does
+    for train.nonfinite=rollback)."""
     folder, meta = data
     torch.manual_seed(seed)
     arch = ArchConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_size=128, max_seq_length=32)
     cpu = torch.device("cpu")
-    model = build_model(arch, meta["vocab_size"], meta["special_ids"], Runtime(cpu, "fp32", False, "sdpa", "torch"))
+    runtime = Runtime(cpu, precision, False, "sdpa", "torch")
+    model = build_model(arch, meta["vocab_size"], meta["special_ids"], runtime)
     optimizer = build_optimizer(model, train_cfg, torch.device("cpu"))
     batches = train_batches(folder, meta, "random", seed, microbatch, 0, False)
-    log = ListLog()
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    log = log or ListLog()
+    log.model = model
+    scaler = runtime.grad_scaler()
     objective = build_objective("mlm", train_cfg, meta, cpu)
     masks = PositionalMasks(seed, cpu)
     checkpointer = Checkpointer(tmp_dir, None, 1, {})
+    state = TrainState()
+    if save_first:
+        checkpointer.save(model, optimizer, scaler, state)
     result = train(model, optimizer, batches, objective, meta, train_cfg, microbatch, budget, cpu,
-                   contextlib.nullcontext, scaler, log, TrainState(), masks, checkpointer)
+                   runtime.autocast(), scaler, log, state, masks, checkpointer)
     return result, log.records
 
 
@@ -83,3 +96,72 @@ def test_same_seed_same_run(sanity_data):
     _, a = run(sanity_data, Budget(seconds=3600, max_steps=3), cfg)
     _, b = run(sanity_data, Budget(seconds=3600, max_steps=3), cfg)
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+def open_training_bars() -> list:
+    return [bar for bar in list(tqdm._instances) if bar.desc.startswith("training")]
+
+
+# fp16 with an absurd learning rate: the first step blows the weights up, the next loss is not finite. On CPU too.
+ABSURD = dict(batch_size=8, batch_ramp=0.0, lr=1e6, schedule="constant", warmup=0.0)
+
+
+def test_fp16_skip_keeps_the_grad_scaler_usable(sanity_data):
+    """After a skipped step the next step's unscale_ must work: the run goes on skipping until max_skipped."""
+    cfg = TrainConfig(**ABSURD, max_steps=10, nonfinite="skip", max_skipped=3)
+    log = ListLog()
+    with pytest.raises(RunStopped, match="3 steps in a row skipped") as stop:
+        run(sanity_data, Budget(seconds=3600, max_steps=10), cfg, precision="fp16", log=log)
+    assert stop.value.exit_code == 3
+    assert [r["event"] for r in log.records if "event" in r] == ["skip"] * 3
+    assert not open_training_bars()  # closed on the way out of the exception (its traceback keeps it alive)
+
+
+def test_fp16_rollback_keeps_the_grad_scaler_usable(sanity_data, tmp_path):
+    """Every rollback reloads the scaler's state; the next steps run, and the run finishes its steps."""
+    cfg = TrainConfig(**ABSURD, max_steps=4, nonfinite="rollback", rollback_lr_factor=0.5)
+    result, records = run(sanity_data, Budget(seconds=3600, max_steps=4), cfg, precision="fp16",
+                          tmp_dir=tmp_path, save_first=True)
+    assert result["steps"] == 4 and result["rollbacks"] >= 1
+    rollbacks = [r for r in records if r.get("event") == "rollback"]
+    assert len(rollbacks) == result["rollbacks"] and rollbacks[0]["lr_scale"] == 0.5
+
+
+class PoisonAndStop(ListLog):
+    """At step 2: make a weight NaN and send this process SIGTERM, so the stop's checkpoint is refused."""
+
+    def log(self, record):
+        super().log(record)
+        if record.get("step") == 2 and "loss" in record:
+            with torch.no_grad():
+                next(self.model.parameters()).view(-1)[0] = float("nan")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_refused_stop_checkpoint_says_so(sanity_data, tmp_path):
+    cfg = TrainConfig(batch_size=8, batch_ramp=0.0, max_steps=6)
+    with pytest.raises(RunStopped) as stop:
+        run(sanity_data, Budget(seconds=3600, max_steps=6), cfg, tmp_dir=tmp_path, save_first=True,
+            log=PoisonAndStop())
+    message = str(stop.value)
+    assert stop.value.exit_code == 75 and "checkpoint None" not in message
+    assert "no checkpoint written, a weight is not finite; the last whole one is " in message
+    assert message.split("the last whole one is ")[1].startswith(str(tmp_path / "checkpoints" / "step-00000000"))
+    assert not open_training_bars()
+
+
+def test_the_loader_names_the_true_microbatch(sanity_data):
+    """train_batches gets microbatch x world rows; the message names impl.microbatch_size, one rank's share."""
+    folder, meta = sanity_data
+    rows = meta["train_sequences"]
+    with pytest.raises(UserError) as err:
+        train_batches(folder, meta, "random", 0, 2 * rows, 0, False, world=2)
+    assert f"impl.microbatch_size={rows} x 2 processes" in str(err.value)
+
+
+def test_tokens_per_s_is_tokens_over_the_reported_train_seconds(tmp_path):
+    summary = pretrain(config_for(*TINY, "train.max_steps=5", "train.batch_size=16", "impl.microbatch_size=8",
+                                  "train.schedule=step-constant"), tmp_path)
+    spent = summary["wall_seconds"]
+    assert summary["steps"] == 5 and spent["compile"] > 0
+    assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / spent["train"], rel=1e-3)

@@ -44,11 +44,14 @@ class EndlessOrder(Sampler):
 
 
 def train_batches(folder: Path, meta: dict, ordering: str, seed: int, microbatch_size: int, num_workers: int,
-                  pin_memory: bool, start: int = 0, block: int = 1):
+                  pin_memory: bool, start: int = 0, block: int = 1, world: int = 1):
+    """`microbatch_size`: the global microbatch, impl.microbatch_size on each of `world` processes."""
     data = open_split(folder, meta, "train")
     if len(data) < max(microbatch_size, block):
+        share = f" x {world} processes" if world > 1 else ""
         raise UserError(f"only {len(data)} training sequences, fewer than one microbatch "
-                        f"(impl.microbatch_size={microbatch_size}); give more text or lower the microbatch")
+                        f"(impl.microbatch_size={microbatch_size // world}{share}); give more text or lower the "
+                        "microbatch")
     loader = DataLoader(
         data,
         batch_size=microbatch_size,

@@ -61,7 +61,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
     bar = tqdm(total=100, desc="training", bar_format="{l_bar}{bar}| {n:.1f}% [{elapsed}<{remaining}]{postfix}",
                mininterval=1, disable=not distributed.main)
     start = time.perf_counter() - state.elapsed
-    with StopFlag() as stop:
+    with StopFlag() as stop, bar:  # the bar closes on every path, an exception's too
         # state.elapsed is the clock as all ranks agreed on it at the end of the previous step
         while (fraction := budget.fraction(state.elapsed, state.step)) < 1.0:
             step_start = time.perf_counter()
@@ -135,17 +135,17 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                 saved = checkpointer.save(model, optimizer, scaler, state)
                 state.elapsed = distributed.agree(time.perf_counter() - start, device=device)[0]
                 if stopped:
-                    bar.close()
                     raise RunStopped(f"stopped by {stop.signal or 'a signal to another rank'} at step {state.step}; "
-                                     f"checkpoint {saved}; run the same command again to resume "
+                                     f"{saved_line(saved, checkpointer)}; run the same command again to resume "
                                      "(train.resume=auto)", EXIT_PREEMPTED)
             bar.n = round(100 * budget.fraction(state.elapsed, state.step), 1)
             bar.refresh()
-    bar.n = 100
-    bar.close()
+        bar.n = 100
     if state.step and state.step % cfg_train.log_every:
         state.last_loss = step_loss.item()
-    train_seconds = state.elapsed - state.checkpoint_seconds
+    # the loop's time without checkpoint writes and without the first step (compile_seconds, torch.compile's
+    # work): tokens_per_s, and so MFU, is the rate of the steady loop, over the seconds reported as train
+    train_seconds = state.elapsed - state.checkpoint_seconds - state.compile_seconds
     return {
         "steps": state.step,
         "tokens": state.tokens,
@@ -153,10 +153,19 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
         "train_seconds": train_seconds,
         "compile_seconds": state.compile_seconds,
         "checkpoint_seconds": state.checkpoint_seconds,
-        "tokens_per_s": state.tokens / train_seconds if train_seconds > 0 else 0.0,
+        "tokens_per_s": state.tokens / train_seconds if train_seconds > 0 and state.step > 1 else 0.0,
         "skipped_steps": state.skipped,
         "rollbacks": state.rollbacks,
     }
+
+
+def saved_line(saved, checkpointer) -> str:
+    """What a stop wrote: a refused save (a weight not finite) leaves the previous checkpoint as the latest."""
+    if saved is not None:
+        return f"checkpoint {saved}"
+    latest = checkpointer.latest()
+    return ("no checkpoint written, a weight is not finite; "
+            + (f"the last whole one is {latest}" if latest else "there is no earlier one to resume from"))
 
 
 def optimizer_step(model, optimizer, scaler, step_loss, grad_clip) -> tuple[torch.Tensor, bool]:
@@ -171,7 +180,7 @@ def optimizer_step(model, optimizer, scaler, step_loss, grad_clip) -> tuple[torc
     applied = bool(finite)  # the one sync
     if applied:
         scaler.step(optimizer)
-        scaler.update()
+    scaler.update()  # on every path: unscale_ above may run only once per update()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, applied
 
