@@ -1,5 +1,6 @@
 """MLM masking: a fixed count per row, never special tokens, 80/10/10."""
 
+import pytest
 import torch
 
 from cramming.train.masking import mask_tokens
@@ -41,3 +42,30 @@ def test_deterministic_with_generator():
     a = mask_tokens(ids, 0.25, 4, 1000, SPECIAL, generator=torch.Generator().manual_seed(3))
     b = mask_tokens(ids, 0.25, 4, 1000, SPECIAL, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_validation_masks_do_not_depend_on_the_microbatch(tmp_path):
+    """The same untrained model scored with microbatch 4 and 8: the same masked tokens, so the same loss."""
+    import contextlib
+
+    from cramming.config import ArchConfig, DataConfig, TrainConfig
+    from cramming.data.prepare import prepare_data
+    from cramming.impl import Runtime
+    from cramming.pretraining import build_model
+    from cramming.train.evaluate import validation_metrics
+    from cramming.train.objectives import build_objective
+
+    folder, meta = prepare_data(DataConfig(source="sanity", vocab_size=256, seq_length=32, max_chars=100_000,
+                                           validation_fraction=0.1, cache_dir=str(tmp_path)))
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    arch = ArchConfig(num_layers=1, hidden_size=32, num_heads=2, ffn_size=64, max_seq_length=32)
+    model = build_model(arch, meta["vocab_size"], meta["special_ids"], Runtime(cpu, "fp32", False, "sdpa", "torch"))
+    cfg = TrainConfig(validation_sequences=24)
+    objective = build_objective("mlm", cfg, meta, cpu)
+    scores = [validation_metrics(model, objective, folder, meta, cfg, micro, cpu, contextlib.nullcontext)
+              for micro in (4, 8, 24)]
+    assert scores[0]["val_predicted_tokens"] == scores[1]["val_predicted_tokens"] == 24 * 8  # round(0.25 * 32)
+    for other in scores[1:]:
+        assert other["val_loss"] == pytest.approx(scores[0]["val_loss"], rel=1e-6, abs=0)
+        assert other["val_accuracy"] == scores[0]["val_accuracy"]

@@ -3,17 +3,24 @@
 import torch
 
 from ..data.loader import validation_batches
+from .masking import PositionalMasks
+
+VALIDATION_SEED = 1234
 
 
 @torch.no_grad()  # not inference_mode: FSDP2 would keep its unsharded weights as inference tensors
 def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: int, device, autocast) -> dict:
+    """Each row's masks are drawn from its position in the validation split, so every run (any microbatch, any
+    model) is scored on the same masked tokens."""
     was_training = model.training
     model.eval()
-    generator = torch.Generator(device=device).manual_seed(1234)  # identical masks for before / after
-    total_loss, correct, count = 0.0, 0, 0
+    masks = PositionalMasks(VALIDATION_SEED, device)
+    total_loss, correct, count, row = 0.0, 0, 0, 0
     for batch in validation_batches(folder, meta, cfg_train.validation_sequences, batch_size):
         batch = batch.to(device)
-        inputs, labels = objective.batch(batch, generator)
+        masked = [objective.batch(ids[None], masks.at(row + i)) for i, ids in enumerate(batch)]
+        row += len(batch)
+        inputs, labels = (torch.cat(parts) for parts in zip(*masked))
         with autocast():
             out = model(input_ids=inputs, labels=labels)
         logits, targets = objective.scored(out.logits, labels)
