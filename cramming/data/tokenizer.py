@@ -2,9 +2,12 @@
 
 Special tokens are the BERT set in a fixed order, so ids 0-4 are always [PAD] [UNK] [CLS] [SEP] [MASK],
 and the post-processor adds [CLS] a [SEP] (b [SEP]) exactly as packing and GLUE evaluation expect.
+Causal checkpoints carry a copy made for generation (`for_generation`).
 """
 
+import re
 from collections.abc import Iterable
+from tempfile import TemporaryDirectory
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -94,4 +97,34 @@ def load_pretrained_tokenizer(name: str, max_length: int) -> PreTrainedTokenizer
     missing = [t for t in ("pad_token", "cls_token", "sep_token", "mask_token") if getattr(tok, t) is None]
     if missing:
         raise UserError(f"data.tokenizer.kind={name!r} lacks special tokens {missing}; MLM needs pad/cls/sep/mask")
+    return tok
+
+
+def _spaced_decoder(decoder):
+    """A decoder that gives every word its leading space, as byte-level BPE tokens carry theirs: the
+    text-generation pipeline appends decode(new tokens) to the prompt, which needs " word", not "word"."""
+    if isinstance(decoder, decoders.WordPiece):
+        prefix = re.escape(decoder.prefix)
+        return decoders.Sequence([
+            decoders.Replace(Regex(f"^(?!{prefix})"), " "),  # a word starts: a space before it
+            decoders.Replace(Regex(f"^{prefix}"), ""),  # a word goes on: glued to the last piece
+            decoders.Replace(Regex(r"^ (?=[.,?!]$)"), ""),  # no space before punctuation (WordPiece's cleanup)
+        ])
+    if isinstance(decoder, decoders.Metaspace):  # keep the first token's space instead of stripping it
+        return decoders.Metaspace(replacement=decoder.replacement, prepend_scheme="never", split=decoder.split)
+    return decoder  # byte-level: spaces are part of the tokens already
+
+
+def for_generation(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """The tokenizer a causal checkpoint ships. Training saw [CLS] then the token stream, each document closed by
+    [SEP]; a prompt is the start of a document, so it gets [CLS] and no [SEP] (after one, the model would begin a
+    new document). A pair keeps the [SEP] between its texts. Decoding spaces every word (`_spaced_decoder`)."""
+    with TemporaryDirectory() as tmp:  # a deep copy through the saved form, the one path every tokenizer has
+        tokenizer.save_pretrained(tmp)
+        tok = AutoTokenizer.from_pretrained(tmp)
+    backend, cls, sep = tok.backend_tokenizer, tok.cls_token, tok.sep_token
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A", pair=f"{cls} $A {sep} $B:1", special_tokens=[(cls, tok.cls_token_id), (sep, tok.sep_token_id)]
+    )
+    backend.decoder = _spaced_decoder(backend.decoder)
     return tok

@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..data.tokenizer import for_generation
 from ..model import AUTO_MAP
 
 SUMMARY = "train_summary.json"
@@ -34,6 +35,8 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
     finally:
         for key, value in in_use.items():
             setattr(model.config, key, value)
+    if model.config.objective == "clm":  # prompts without a closing [SEP], decoded with their spaces
+        tokenizer = for_generation(tokenizer)
     tokenizer.save_pretrained(tmp)
     with open(tmp / SUMMARY, "w") as fh:
         json.dump(summary, fh, indent=2)
