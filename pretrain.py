@@ -2,14 +2,20 @@
 
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
 
-from cramming.config import load_config
-from cramming.distributed import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
-from cramming.errors import EXIT_USER_ERROR
-from cramming.pretraining import pretrain
-from cramming.sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job
+    from cramming.cli import run_entry
+    from cramming.config import load_config
+    from cramming.distributed import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
+    from cramming.errors import EXIT_USER_ERROR
+    from cramming.pretraining import pretrain
+    from cramming.sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job
+except ModuleNotFoundError as missing:  # not the project's environment: say how to get it, in one line
+    print(f"error: {missing.name} is not installed for {sys.executable}; run `bash scripts/setup.sh`, then "
+          "`source .venv/bin/activate`", file=sys.stderr)
+    sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="pretrain")
@@ -32,4 +38,4 @@ if __name__ == "__main__":
               "(docs/distributed.md)", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     sys.argv = quiet_hydra_on_other_ranks(name_jobs_by_swept_keys(sys.argv))
-    main()
+    run_entry(main, "pretrain.py")  # Hydra's own errors (unknown option, key, bad override): one line, exit 2

@@ -184,6 +184,9 @@ class PretrainConfig:
 
 def load_config(cfg: DictConfig) -> PretrainConfig:
     """Hydra's composed config -> a validated PretrainConfig, or a UserError naming the bad key."""
+    from .cli import check_no_missing
+
+    check_no_missing(cfg)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), cfg)
         config = OmegaConf.to_object(merged)
@@ -223,6 +226,7 @@ def validate(c: PretrainConfig) -> None:
 
     a, d, t, i = c.arch, c.data, c.train, c.impl
     check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
+    check(bool(c.name.strip()), "name", c.name, "name the run (its folder is outputs/<name>/<date>)")
     check_choice("sweep_objective", c.sweep_objective, ("val_loss", "glue_average"))
     for key in ("num_layers", "hidden_size", "num_heads", "ffn_size", "max_seq_length"):
         check(getattr(a, key) > 0, f"arch.{key}", getattr(a, key), "must be > 0")

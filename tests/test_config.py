@@ -88,6 +88,7 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.position=rotary arch.rotary_pct=0.01", "rotates no dimension pair"),
         ("arch.position=rotary arch.rotary_base=1", "arch.rotary_base"),
         ("budget=0", "budget=0"),
+        ("name=", "name=''"),
         ("data.seq_length=1024", "longer than the scaled-sinusoidal position table (arch.max_seq_length=128)"),
         ("data.validation_fraction=0", "data.validation_fraction"),
         ("data.ordering=alphabetical", "data.ordering"),
