@@ -90,6 +90,8 @@ class DataConfig:
     source: str = "python-docs"  # python-docs | local-text | hub | sanity
     path: str | None = None  # local-text: a file, folder or glob
     text_field: str = "text"  # local-text: the field of .jsonl/.json/.parquet/.csv files
+    encoding: str = "utf-8"  # local-text: how text, .jsonl, .json and .csv files are decoded (parquet is UTF-8)
+    encoding_errors: str = "strict"  # strict | replace | ignore: what an undecodable byte does
     hub: list[HubSource] = field(default_factory=list)
     seq_length: int = 128
     vocab_size: int = 32768
@@ -211,6 +213,7 @@ def check(ok: bool, key: str, value, requirement: str) -> None:
 def validate(c: PretrainConfig) -> None:
     """Choices and ranges. Registries are the single source of valid names."""
     from . import kernels  # noqa: F401  registers the Triton kernels by name
+    from .data.local_text import check_encoding
     from .data.sources import SOURCES
     from .data.tokenizer import TOKENIZER_KINDS
     from .distributed import ENGINES
@@ -286,6 +289,7 @@ def validate(c: PretrainConfig) -> None:
         check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
 
     check_choice("data.source", d.source, SOURCES)
+    check_encoding(d.encoding, d.encoding_errors)
     check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
     if a.position in ("learned", "sinusoidal", "scaled-sinusoidal"):  # the schemes with a table of positions
         check(d.seq_length <= a.max_seq_length, "data.seq_length", d.seq_length,

@@ -198,7 +198,7 @@ def test_error_paths(tmp_path):
         prepare_data(data_config(binary, cache))
     latin = tmp_path / "latin.txt"
     latin.write_bytes("caf\u00e9 cr\u00e8me ".encode("latin-1") * 50)
-    with pytest.raises(UserError, match="latin.txt is not valid UTF-8"):
+    with pytest.raises(UserError, match="latin.txt is not valid utf-8 at byte 3 \\(line 1:"):
         prepare_data(data_config(latin, cache))
     small = tmp_path / "small.txt"
     small.write_text("just a few words here.\n\nand a second tiny paragraph.\n")

@@ -23,10 +23,14 @@ def iter_documents(sources) -> Iterator[str]:
         try:
             rows = load_dataset(source.path, source.name, split=source.split, streaming=True)
             for row in rows:
-                text = row.get(source.text_field)
-                if text is None:
-                    raise UserError(f"hub dataset {source.path!r} has no field {source.text_field!r} (fields: {', '.join(row)})")
-                if text.strip():
+                if source.text_field not in row:
+                    raise UserError(f"hub dataset {source.path!r} has no field {source.text_field!r} "
+                                    f"(fields: {', '.join(row)}); set its text_field")
+                text = row[source.text_field]
+                if text is not None and not isinstance(text, str):
+                    raise UserError(f"hub dataset {source.path!r}: the field {source.text_field!r} holds "
+                                    f"{type(text).__name__} values, not text; set its text_field to a text field")
+                if text and text.strip():
                     yield text
         except UserError:
             raise

@@ -1,10 +1,15 @@
 """Read the user's own text: a file, a folder or a glob of text (.txt, .raw, ...) or .jsonl/.json/.parquet/.csv files.
 
 Plain text is streamed line by line and split into documents at blank lines, so memory stays bounded
-whatever the file size; structured files are streamed through `datasets`.
+whatever the file size; .jsonl and .csv are streamed row by row, .parquet batch by batch, and a .json array is
+read whole. Text, .jsonl, .json and .csv are decoded with data.encoding / data.encoding_errors; parquet stores
+UTF-8 by definition and ignores both. Errors name the file's own byte offset and 1-based line.
 """
 
+import codecs
+import csv
 import glob
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,13 +49,60 @@ def fingerprint(files: list[Path]) -> list:
     return [[str(f.resolve()), f.stat().st_size, int(f.stat().st_mtime)] for f in files]
 
 
-def iter_text_file(path: Path) -> Iterator[str]:
-    """Paragraphs (blank-line separated) of a UTF-8 text file; a binary or non-UTF-8 file is a UserError."""
+ENCODING_ERRORS = ("strict", "replace", "ignore")
+
+
+def check_encoding(encoding: str, errors: str) -> None:
+    """data.encoding must be a codec Python knows, data.encoding_errors one of ENCODING_ERRORS."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise UserError(f"data.encoding={encoding!r} is not a text encoding Python knows; use a codec name such "
+                        "as utf-8, latin-1, cp1252 or utf-16") from None
+    if errors not in ENCODING_ERRORS:
+        raise UserError(f"data.encoding_errors={errors!r} is not a valid option; choose one of: "
+                        f"{', '.join(ENCODING_ERRORS)}")
+
+
+def locate_bad_bytes(path: Path, encoding: str) -> tuple[int, int, str]:
+    """(byte offset in the file, 1-based line, reason) of the first byte sequence `encoding` cannot decode.
+    Python's text reader reports offsets within its 8 KiB read chunk, so the file is scanned again here."""
+    decoder = codecs.getincrementaldecoder(encoding)("strict")
+    consumed, newlines = 0, 0
     with open(path, "rb") as fh:
-        if b"\x00" in fh.read(8192):
+        while True:
+            chunk = fh.read(1 << 20)
+            pending = decoder.getstate()[0]
+            try:
+                newlines += decoder.decode(chunk, final=not chunk).count("\n")
+            except UnicodeDecodeError as err:
+                good = (pending + chunk)[:err.start]
+                line = newlines + good.decode(encoding, "replace").count("\n") + 1
+                return consumed - len(pending) + err.start, line, err.reason
+            if not chunk:
+                return consumed, newlines + 1, "unknown"
+            consumed += len(chunk)
+
+
+def _decode_error(path: Path, encoding: str) -> UserError:
+    offset, line, reason = locate_bad_bytes(path, encoding)
+    return UserError(f"data file {path} is not valid {encoding} at byte {offset:,} (line {line:,}: {reason}); "
+                     "set data.encoding=<its encoding> (e.g. latin-1, cp1252), or data.encoding_errors=replace "
+                     "or ignore, or re-encode the file")
+
+
+def _wide(encoding: str) -> bool:
+    """UTF-16/32 text is full of NUL bytes; other encodings' NULs mean a binary file."""
+    return codecs.lookup(encoding).name.startswith(("utf-16", "utf-32"))
+
+
+def iter_text_file(path: Path, encoding: str = "utf-8", errors: str = "strict") -> Iterator[str]:
+    """Paragraphs (blank-line separated) of a text file; a binary or undecodable file is a UserError."""
+    with open(path, "rb") as fh:
+        if not _wide(encoding) and b"\x00" in fh.read(8192):
             raise UserError(f"data file {path} looks binary (it contains NUL bytes); give text files only")
     paragraph: list[str] = []
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    with open(path, encoding=encoding, errors=errors) as fh:
         try:
             for line in fh:
                 if line.strip():
@@ -58,35 +110,105 @@ def iter_text_file(path: Path) -> Iterator[str]:
                 elif paragraph:
                     yield " ".join(paragraph)
                     paragraph = []
-        except UnicodeDecodeError as err:
-            raise UserError(f"data file {path} is not valid UTF-8 ({err.reason} at byte {err.start}); re-encode it") from None
+        except UnicodeDecodeError:
+            raise _decode_error(path, encoding) from None
     if paragraph:
         yield " ".join(paragraph)
 
 
-def iter_structured_file(path: Path, text_field: str) -> Iterator[str]:
-    from datasets import load_dataset
+def _text_of(row, field: str, path: Path, where: str) -> str | None:
+    """The row's text field; a missing field or one that is not text is a UserError naming the file and line."""
+    if not isinstance(row, dict):
+        raise UserError(f"data file {path} {where} is a JSON {type(row).__name__}, not an object with a "
+                        f"{field!r} field")
+    if field not in row:
+        raise UserError(f"data file {path} has no field {field!r} ({where}; fields: {', '.join(row)}); "
+                        "set data.text_field")
+    text = row[field]
+    if text is not None and not isinstance(text, str):
+        raise UserError(f"data file {path} {where}: the field {field!r} holds {type(text).__name__}, not text; "
+                        "set data.text_field to a text field")
+    return text
 
-    kind = STRUCTURED_SUFFIXES[path.suffix.lower()]
+
+def iter_json_lines(path: Path, field: str, encoding: str, errors: str) -> Iterator[str]:
+    with open(path, encoding=encoding, errors=errors) as fh:
+        try:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UserError(f"data file {path} line {number:,} is not valid JSON ({err.msg} at column "
+                                    f"{err.colno}); fix or remove that line") from None
+                yield _text_of(row, field, path, f"line {number:,}")
+        except UnicodeDecodeError:
+            raise _decode_error(path, encoding) from None
+
+
+def iter_json_array(path: Path, field: str, encoding: str, errors: str) -> Iterator[str]:
+    """A .json file holding one array of objects (or of strings), read whole as JSON requires."""
     try:
-        rows = load_dataset(kind, data_files=[str(path)], split="train", streaming=True)
-        for row in rows:
-            if text_field not in row:
-                raise UserError(
-                    f"data file {path} has no field {text_field!r} (fields: {', '.join(row)}); set data.text_field"
-                )
-            text = row[text_field]
-            if isinstance(text, str) and text.strip():
-                yield text
-    except UserError:
-        raise
-    except Exception as err:  # pyarrow / json errors on malformed files
-        raise UserError(f"data file {path} could not be read as {kind}: {str(err).splitlines()[0]}") from None
+        rows = json.loads(path.read_text(encoding=encoding, errors=errors))
+    except UnicodeDecodeError:
+        raise _decode_error(path, encoding) from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"data file {path} is not valid JSON at line {err.lineno:,}, column {err.colno} "
+                        f"({err.msg})") from None
+    for index, row in enumerate(rows if isinstance(rows, list) else [rows]):
+        yield row if isinstance(row, str) else _text_of(row, field, path, f"item {index:,}")
 
 
-def iter_documents(files: list[Path], text_field: str) -> Iterator[str]:
+def iter_csv(path: Path, field: str, encoding: str, errors: str) -> Iterator[str]:
+    csv.field_size_limit(2**31 - 1)  # documents are long; the default cap is 128 KiB per field
+    with open(path, encoding=encoding, errors=errors, newline="") as fh:
+        reader = csv.DictReader(fh)
+        try:
+            for row in reader:
+                yield _text_of(row, field, path, f"line {reader.line_num:,}")
+        except UnicodeDecodeError:
+            raise _decode_error(path, encoding) from None
+        except csv.Error as err:
+            raise UserError(f"data file {path} line {reader.line_num:,} is not valid CSV ({err})") from None
+
+
+def iter_parquet(path: Path, field: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as err:  # pyarrow's errors on a file that is not parquet
+        raise UserError(f"data file {path} could not be read as parquet: {str(err).splitlines()[0]}") from None
+    names = table.schema_arrow.names
+    if field not in names:
+        raise UserError(f"data file {path} has no field {field!r} (fields: {', '.join(names)}); set data.text_field")
+    kind = table.schema_arrow.field(field).type
+    if not (str(kind) in ("string", "large_string", "string_view")):
+        raise UserError(f"data file {path}: the field {field!r} holds {kind}, not text; set data.text_field "
+                        "to a text field")
+    for batch in table.iter_batches(columns=[field], batch_size=1024):
+        yield from batch.column(0).to_pylist()
+
+
+def iter_documents(files: list[Path], text_field: str, encoding: str = "utf-8",
+                   errors: str = "strict") -> Iterator[str]:
     for f in files:
-        if f.suffix.lower() in STRUCTURED_SUFFIXES:
-            yield from iter_structured_file(f, text_field)
+        suffix = f.suffix.lower()
+        if suffix == ".parquet":
+            texts = iter_parquet(f, text_field)
+        elif suffix == ".csv":
+            texts = iter_csv(f, text_field, encoding, errors)
+        elif suffix == ".json" and _starts_with_bracket(f, encoding):
+            texts = iter_json_array(f, text_field, encoding, errors)
+        elif suffix in (".json", ".jsonl"):
+            texts = iter_json_lines(f, text_field, encoding, errors)
         else:
-            yield from iter_text_file(f)
+            yield from iter_text_file(f, encoding, errors)
+            continue
+        yield from (text for text in texts if text and text.strip())
+
+
+def _starts_with_bracket(path: Path, encoding: str) -> bool:
+    with open(path, encoding=encoding, errors="replace") as fh:
+        return fh.read(4096).lstrip("\ufeff \t\r\n").startswith("[")

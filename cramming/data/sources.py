@@ -46,13 +46,13 @@ class PythonDocs:
 class LocalText:
     def __init__(self, cfg, cache_dir: Path):
         self.files = local_text.resolve_files(cfg.path)
-        self.text_field = cfg.text_field
+        self.text_field, self.encoding, self.encoding_errors = cfg.text_field, cfg.encoding, cfg.encoding_errors
 
     def fingerprint(self):
-        return ["local-text", self.text_field, local_text.fingerprint(self.files)]
+        return ["local-text", self.text_field, local_text.fingerprint(self.files)]  # encoding: in the settings
 
     def documents(self) -> Iterator[str]:
-        return local_text.iter_documents(self.files, self.text_field)
+        return local_text.iter_documents(self.files, self.text_field, self.encoding, self.encoding_errors)
 
 
 @SOURCES.register("hub")
