@@ -26,9 +26,8 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def groups_help(groups: str) -> str:
+def groups_help(*names: str) -> str:
     """`${cramming_groups:arch,data}` in a help template: one line per group with its options."""
-    names = [g.strip() for g in groups.split(",")]
     width = max(len(g) for g in names)
     return "\n".join(f"  {g.ljust(width)}  {', '.join(group_options(g))}" for g in names)
 
