@@ -15,6 +15,7 @@ import torch
 from . import deepspeed_engine
 from . import distributed as dist_
 from . import impl as impl_
+from .atomic import write_atomic
 from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
@@ -26,7 +27,7 @@ from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.evaluate import validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.masking import PositionalMasks
-from .train.metrics import MetricsLog, SilentLog
+from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch
 from .train.objectives import build_objective
 from .train.optim import build_optimizer
@@ -88,9 +89,10 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
 def dryrun(config: PretrainConfig, runtime) -> dict:
     model = build_model(config.arch, config.data.vocab_size, SPECIAL_IDS, runtime)
     flops = flops_per_token(model, config)
-    print(f"dryrun: config valid; model has {count_parameters(model):,} parameters, "
+    checked = " (and eval_after's evaluation; nothing is trained or evaluated)" if config.eval_after else ""
+    print(f"dryrun: config valid{checked}; model has {count_parameters(model):,} parameters, "
           f"{flops / 1e6:,.1f} MFLOPs per token forward; device {runtime.device}")
-    return {"dryrun": True, "parameters": count_parameters(model), "flops_per_token": flops}
+    return {"dryrun": True, "parameters": count_parameters(model), "flops_per_token": flops, "checkpoint": None}
 
 
 def check_distributed(config: PretrainConfig, runtime, distributed) -> None:
@@ -252,7 +254,7 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
     if distributed.main:
         path = save_checkpoint(final_model, tokenizer, summary, run_dir)
         summary["checkpoint"] = str(path)
-        (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(run_dir / "train_summary.json", json.dumps(summary, indent=2))
         if mfu is not None:
             print(f"model FLOP utilisation {100 * mfu:.1f} % of {peak / 1e12:.0f} TFLOP/s", flush=True)
         print(f"checkpoint: {path}", flush=True)
@@ -285,9 +287,8 @@ def carry_metrics(checkpoint: Path, run_dir: Path, step: int) -> None:
     source = Path(checkpoint).parents[1] / "metrics.jsonl"
     target = Path(run_dir) / "metrics.jsonl"
     if source.resolve() == target.resolve() or not source.is_file():
-        if target.is_file():  # same folder: drop what was logged after the checkpoint
-            kept = [line for line in target.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
-            target.write_text("".join(line + "\n" for line in kept))
+        source = target  # same folder: drop what was logged after the checkpoint
+    if not source.is_file():
         return
-    kept = [line for line in source.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
-    target.write_text("".join(line + "\n" for line in kept))
+    kept = [line for line in whole_lines(source) if json.loads(line).get("step", 0) <= step]
+    write_atomic(target, "".join(line + "\n" for line in kept))

@@ -12,10 +12,10 @@
   (`SweepOutcome`).
 """
 
-import fcntl
 import functools
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -27,6 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
+from .atomic import locked, write_atomic
 from .errors import EXIT_UNEXPECTED, RunStopped, UserError, exit_on_user_error, failure_line
 from .train.signals import EXIT_PREEMPTED
 
@@ -50,40 +51,66 @@ def eval_after_config(config):
     except HydraException as err:
         raise UserError(f"eval_overrides: {str(err).splitlines()[0]}") from None
     eval_config = load_eval_config(cfg)
-    load_tasks(eval_config)  # reads and checks every task's files now
+    _, skipped = load_tasks(eval_config)  # reads and checks every task's files now
+    if config.sweep_objective == "glue_average" and (partial := partial_glue(eval_config.eval, skipped)):
+        raise UserError(f"sweep_objective=glue_average needs the whole GLUE set, each task on all its data, and "
+                        f"this evaluation is partial ({partial}): change eval_overrides, or use sweep_objective=val_loss")
     return eval_config
 
 
-def evaluate_after(eval_config, checkpoint: Path, run_dir: Path) -> dict:
+def partial_glue(settings, skipped: dict) -> str | None:
+    """Why an evaluation's GLUE average is not the full one (a partial average ranks trials on another scale)."""
+    from .eval.config import EvalConfig
+
+    if settings.kind != "glue":
+        return f"eval.kind={settings.kind}"
+    left_out = [task for task in EvalConfig().tasks if task not in settings.tasks]
+    reasons = [f"skipped {', '.join(skipped)}"] if skipped else []
+    if left_out:
+        reasons.append(f"eval.tasks leaves out {', '.join(left_out)}")
+    if settings.max_train_examples is not None:
+        reasons.append(f"eval.max_train_examples={settings.max_train_examples}")
+    return "; ".join(reasons) or None
+
+
+def evaluate_after(eval_config, checkpoint: Path | None, run_dir: Path) -> dict | None:
+    """None for a dryrun (no checkpoint): eval_after_config has checked the evaluation, nothing is evaluated."""
+    if checkpoint is None:
+        return None
     from .evaluation import evaluate
 
     path = evaluate(replace(eval_config, checkpoint=str(checkpoint)), Path(run_dir) / "eval")
     return json.loads(Path(path).read_text())
 
 
-def objective_value(config, summary: dict, results: dict | None) -> float:
+def objective_value(config, summary: dict, results: dict | None) -> float | None:
+    """What the sweeper gets; a value that is missing or not comparable fails the trial (raises) rather than
+    ranking it: 0.0 would be the best loss a minimiser ever saw. A dryrun trained nothing: None."""
+    if summary.get("dryrun"):
+        return None
     if config.sweep_objective == "glue_average":
-        glue = results["models"]["pretrained"].get("glue") or {}
-        if "average" not in glue:
-            raise UserError("sweep_objective=glue_average: the evaluation gave no GLUE average (eval.kind=custom?)")
-        return float(glue["average"])
-    return float(summary.get("val_loss", 0.0))
+        glue = (results or {}).get("models", {}).get("pretrained", {}).get("glue") or {}
+        average = glue.get("average")
+        if average is None or not math.isfinite(average) or not results.get("comparable") or results.get("skipped"):
+            raise UserError(f"sweep_objective=glue_average: no comparable GLUE average (average {average}, "
+                            f"comparable {(results or {}).get('comparable')}); the trial counts as failed")
+        return float(average)
+    loss = summary.get("val_loss")
+    if loss is None or not math.isfinite(loss):
+        raise UserError(f"sweep_objective=val_loss: the run reported no finite validation loss (val_loss={loss}); "
+                        "the trial counts as failed")
+    return float(loss)
 
 
 def record_job(sweep_dir: Path, job: int, run_dir: Path, overrides: list[str], **fields) -> None:
     """Add or update this job's entry in the sweep's manifest.json. `updated` tells SweepOutcome which entries
     this launch wrote (a sweep continued in the same folder keeps the earlier launch's others)."""
     path = Path(sweep_dir) / "manifest.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        jobs = read_manifest(sweep_dir)
-        jobs = [j for j in jobs if j["job"] != job]
+    with locked(path):
+        jobs = [j for j in read_manifest(sweep_dir) if j["job"] != job]
         jobs.append({"job": job, "dir": str(Path(run_dir).resolve()), "overrides": list(overrides), **fields,
                      "updated": datetime.now(timezone.utc).isoformat()})
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"jobs": sorted(jobs, key=lambda j: j["job"])}, indent=1))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"jobs": sorted(jobs, key=lambda j: j["job"])}, indent=1))
 
 
 def read_manifest(sweep_dir) -> list[dict]:

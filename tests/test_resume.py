@@ -3,6 +3,7 @@ losses are skipped, halt the run, or roll it back, as train.nonfinite says."""
 
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from safetensors.torch import load_file
 
 from cramming import pretraining
 from cramming.config import load_config
-from cramming.errors import RunStopped
+from cramming.errors import RunStopped, UserError, exit_on_user_error
 from cramming.train.resume import Checkpointer, complete_checkpoints, find_resume
 from cramming.train.state import TrainState
 
@@ -146,6 +147,9 @@ def test_keep_checkpoints_and_resume_choices(tmp_path):
     assert find_resume("auto", tmp_path / "relaunch", config).name == "step-00000003"
     # ... unless its config differs
     assert find_resume("auto", tmp_path / "relaunch", config_for(*TINY, "train.lr=0.5")) is None
+    # ... or its name (a custom hydra.run.dir puts runs of any name side by side)
+    assert find_resume("auto", tmp_path / "relaunch", config_for(*TINY, "name=another")) is None
+    assert find_resume("auto", tmp_path / "run", config_for(*TINY, "name=another")) is None
     path = tmp_path / "run" / "checkpoints" / "step-00000002"
     assert find_resume(str(path), tmp_path / "relaunch", config) == path
     with pytest.raises(Exception, match="not a complete checkpoint"):
@@ -214,6 +218,56 @@ def test_nonfinite_rollback(poison, tmp_path):
     assert lrs[:2] == [pytest.approx(1e-3)] * 2 and all(lr == pytest.approx(5e-4) for lr in lrs[2:])
 
 
-def test_stopped_run_exit_code_is_documented():
-    readme = (REPO / "README.md").read_text()
-    assert "75" in readme and "train.nonfinite" in readme
+@pytest.fixture
+def sigterm_at(monkeypatch):
+    """Send this process SIGTERM during the given training forward call, as a scheduler would."""
+    at = []
+    original = pretraining.build_model
+
+    def build(*args, **kwargs):
+        model = original(*args, **kwargs)
+        forward, count = model.forward, itertools.count(1)
+
+        def signalled(*a, **k):
+            if model.training and next(count) in at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return forward(*a, **k)
+
+        model.forward = signalled
+        return model
+
+    monkeypatch.setattr(pretraining, "build_model", build)
+    return at
+
+
+def test_a_stop_signal_checkpoints_and_exits_75(sigterm_at, tmp_path, capsys):
+    """The signal lands inside step 3: the step finishes, step 3 is checkpointed, the entry point exits 75 with one
+    `stopped:` line naming the checkpoint."""
+    sigterm_at.append(3)
+    with pytest.raises(SystemExit) as exit_:
+        exit_on_user_error(pretraining.pretrain)(config_for(*NAN_RUN, "train.checkpoint_every_minutes=null"), tmp_path)
+    assert exit_.value.code == 75
+    saved = complete_checkpoints(tmp_path)
+    assert [p.name for p in saved] == ["step-00000003"]
+    assert torch.load(saved[0] / "state.pt", weights_only=False)["state"]["step"] == 3
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"stopped: stopped by SIGTERM at step 3; checkpoint {saved[0]}; run the same command again to "
+                    "resume (train.resume=auto)")
+    assert not (tmp_path / "checkpoint").exists()  # no final checkpoint: the run is not finished
+
+
+def test_a_torn_last_metrics_line_does_not_block_resuming(tmp_path):
+    """A run killed mid-write leaves half a line: resuming drops it and keeps the whole lines up to the checkpoint."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000002").mkdir(parents=True)
+    lines = [json.dumps({"step": s, "loss": 5.0 - s}) for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "lo')
+    pretraining.carry_metrics(run / "checkpoints" / "step-00000002", run, 2)
+    assert (run / "metrics.jsonl").read_text() == "\n".join(lines[:2]) + "\n"
+    # from another launch's folder, the same
+    pretraining.carry_metrics(run / "checkpoints" / "step-00000002", tmp_path / "relaunch", 2)
+    assert (tmp_path / "relaunch" / "metrics.jsonl").read_text() == "\n".join(lines[:2]) + "\n"
+    # a broken line in the middle is not a torn write: one line naming the file and the line
+    (run / "metrics.jsonl").write_text(lines[0] + "\n{oops\n" + lines[1] + "\n")
+    with pytest.raises(UserError, match=r"metrics.jsonl: line 2 of 3 is not JSON"):
+        pretraining.carry_metrics(run / "checkpoints" / "step-00000002", run, 2)

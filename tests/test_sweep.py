@@ -50,7 +50,7 @@ def test_a_two_by_two_multirun_writes_four_runs_and_a_manifest(tmp_path):
 
 def test_eval_after_fine_tunes_the_fresh_checkpoint(tmp_path):
     glue = needs_shared("glue")
-    result = run_pretrain(*TINY, "eval_after=true", "sweep_objective=glue_average",
+    result = run_pretrain(*TINY, "eval_after=true",
                           f"eval_overrides=['eval.data_dir={glue}','eval.tasks=[rte]','eval.max_train_examples=64',"
                           "'eval.recipe.epochs=1','eval.recipe.max_length=64']",
                           run_dir=tmp_path, timeout=600)
@@ -123,3 +123,90 @@ def test_the_sweep_outcome_counts_this_launch_only(tmp_path, capsys):
         outcome.on_multirun_end(config)
     assert exit_.value.code == 1
     assert capsys.readouterr().err.startswith(f"error: 1 of 2 sweep jobs failed: #2 {tmp_path / '2.log'} ")
+
+
+def test_glue_average_refuses_a_partial_evaluation_before_training(tmp_path):
+    """A partial GLUE average (a subset of tasks, capped examples) would rank trials on another scale."""
+    glue = needs_shared("glue")
+    result = run_pretrain(*TINY, "eval_after=true", "sweep_objective=glue_average",
+                          f"eval_overrides=['eval.data_dir={glue}','eval.tasks=[rte]','eval.max_train_examples=64']",
+                          run_dir=tmp_path)
+    one_line_error(result, "sweep_objective=glue_average", "this evaluation is partial",
+                   "eval.tasks leaves out cola, sst2, mrpc, qqp, stsb, mnli, qnli", "eval.max_train_examples=64")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_an_objective_that_is_missing_or_partial_fails_the_trial():
+    from types import SimpleNamespace
+
+    from cramming.errors import UserError
+    from cramming.sweep import objective_value
+
+    val_loss, glue = SimpleNamespace(sweep_objective="val_loss"), SimpleNamespace(sweep_objective="glue_average")
+    assert objective_value(val_loss, {"val_loss": 4.5}, None) == 4.5
+    for summary in ({}, {"val_loss": None}, {"val_loss": float("nan")}):
+        with pytest.raises(UserError, match="no finite validation loss"):
+            objective_value(val_loss, summary, None)
+    assert objective_value(val_loss, {"dryrun": True, "checkpoint": None}, None) is None
+
+    def results(comparable=True, skipped=None, average=80.0):
+        return {"comparable": comparable, "skipped": skipped or {},
+                "models": {"pretrained": {"glue": {"average": average}}}}
+
+    assert objective_value(glue, {"val_loss": 4.5}, results()) == 80.0
+    for partial in (results(comparable=False), results(skipped={"mnli": "missing"}), results(average=float("nan"))):
+        with pytest.raises(UserError, match="no comparable GLUE average"):
+            objective_value(glue, {"val_loss": 4.5}, partial)
+
+
+def test_dryrun_with_eval_after_checks_the_evaluation_and_trains_nothing(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\ngood day,1\nawful,0\nfine,1\nbad,0\n")
+    result = run_pretrain(*TINY, "dryrun=true", "eval_after=true",
+                          f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/train.csv',"
+                          f"'eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "dryrun: config valid (and eval_after's evaluation" in result.stdout
+    assert not (tmp_path / "run" / "eval").exists() and not (tmp_path / "run" / "checkpoint").exists()
+    # ... and the evaluation really was checked: a missing task file stops the dryrun
+    result = run_pretrain(*TINY, "dryrun=true", "eval_after=true",
+                          f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/none.csv',"
+                          f"'eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run2")
+    one_line_error(result, "none.csv")
+
+
+def test_parallel_jobs_lose_no_manifest_entry_and_no_results_row(tmp_path, monkeypatch):
+    """Jobs that read, change and rewrite a shared file at the same moment: under the file lock none is lost (each
+    read is slowed down here so that, without the lock, every job would rewrite what it read before the others)."""
+    import csv
+    import threading
+    import time
+
+    from cramming import sweep
+    from cramming.eval import report
+
+    def together(target, calls):
+        threads = [threading.Thread(target=target, args=args, kwargs=kwargs) for args, kwargs in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    read_manifest = sweep.read_manifest
+    monkeypatch.setattr(sweep, "read_manifest", lambda d: (read_manifest(d), time.sleep(0.3))[0])
+    together(sweep.record_job, [((tmp_path, i, tmp_path / str(i), []), {"status": "finished"}) for i in range(4)])
+    assert [job["job"] for job in read_manifest(tmp_path)] == [0, 1, 2, 3]
+
+    table = tmp_path / "results.csv"
+    report.append_csv(table, {"model": "first", "rte": 50.0})
+    reader = csv.DictReader
+
+    def slow_reader(*args, **kwargs):
+        time.sleep(0.3)
+        return reader(*args, **kwargs)
+
+    monkeypatch.setattr(csv, "DictReader", slow_reader)
+    together(report.append_csv, [((table, {"model": f"m{i}", "rte": float(i)}), {}) for i in range(4)])
+    with open(table, newline="") as fh:
+        rows = list(reader(fh))
+    assert sorted(row["model"] for row in rows) == ["first", "m0", "m1", "m2", "m3"]
+    assert not list(tmp_path.glob(".*.tmp"))  # every write renamed into place

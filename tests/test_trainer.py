@@ -103,7 +103,7 @@ def open_training_bars() -> list:
 
 
 # fp16 with an absurd learning rate: the first step blows the weights up, the next loss is not finite. On CPU too.
-ABSURD = dict(batch_size=8, batch_ramp=0.0, lr=1e6, schedule="constant", warmup=0.0)
+ABSURD = {"batch_size": 8, "batch_ramp": 0.0, "lr": 1e6, "schedule": "constant", "warmup": 0.0}
 
 
 def test_fp16_skip_keeps_the_grad_scaler_usable(sanity_data):

@@ -11,7 +11,6 @@ The result lives in `<cache_dir>/<hash of the data config and input>/` and is bu
 folder under a file lock, then renamed into place, so concurrent sweep jobs share one build.
 """
 
-import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from ..atomic import locked
 from ..errors import UserError
 from .dedup import SeenHashes
 from .packed import PackedTokens
@@ -47,8 +47,7 @@ def prepare_data(cfg) -> tuple[Path, dict]:
     source = open_source(cfg, cache_root)
     folder = cache_root / cache_key(cfg, source.fingerprint())
     if not (folder / "meta.json").exists():
-        with open(str(folder) + ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # a second job waits here, then finds the finished cache
+        with locked(folder):  # a second job waits here, then finds the finished cache
             if not (folder / "meta.json").exists():
                 _build(cfg, source, folder)
     meta = json.loads((folder / "meta.json").read_text())

@@ -19,12 +19,13 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
 
 from tqdm import tqdm
+
+from ..atomic import atomic_open
 
 MIN_CHARS = 80  # shorter paragraphs are mostly signatures, headings and fragments
 MAX_FILE_BYTES = 2_000_000  # giant files are generated tables and data, not prose
@@ -229,21 +230,11 @@ def build_corpus(path: str | os.PathLike, max_chars: int) -> dict:
     start, stats, documents, characters = time.perf_counter(), {"files_read": 0}, 0, 0
     path = os.path.abspath(os.fspath(path))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f, \
-                tqdm(desc="python-docs corpus", unit=" char", unit_scale=True, mininterval=2) as bar:
-            for document in _capped(max_chars, None, None, stats):
-                f.write(json.dumps({"text": document}, ensure_ascii=False) + "\n")
-                documents, characters = documents + 1, characters + len(document)
-                bar.update(len(document))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache is meant to be shared like any other file
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as f, \
+            tqdm(desc="python-docs corpus", unit=" char", unit_scale=True, mininterval=2) as bar:
+        for document in _capped(max_chars, None, None, stats):
+            f.write(json.dumps({"text": document}, ensure_ascii=False) + "\n")
+            documents, characters = documents + 1, characters + len(document)
+            bar.update(len(document))
     return {"documents": documents, "characters": characters, "files_read": stats["files_read"],
             "sources": [TOPICS, *default_roots()], "seconds": time.perf_counter() - start}

@@ -4,6 +4,7 @@ import csv
 import statistics
 from pathlib import Path
 
+from ..atomic import atomic_open, locked
 from .metrics import glue_average
 
 # The GLUE paper's column order; each column is a key of glue_average's task scores.
@@ -48,15 +49,16 @@ def glue_summary(scores: dict[str, float], include_wnli: bool) -> dict:
 
 
 def append_csv(path: Path, row: dict) -> None:
-    """One row per evaluation; columns grow as new tasks appear (the file is rewritten then)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    if path.exists():
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    rows.append({k: ("" if v is None else v) for k, v in row.items()})
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
+    """One row per evaluation; columns grow as new tasks appear (the file is rewritten then), under a lock, so the
+    jobs of a sweep that share the table never lose each other's rows."""
+    with locked(path):
+        rows = []
+        if path.exists():
+            with open(path, newline="") as fh:
+                rows = list(csv.DictReader(fh))
+        rows.append({k: ("" if v is None else v) for k, v in row.items()})
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        with atomic_open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields, restval="")
+            writer.writeheader()
+            writer.writerows(rows)

@@ -81,6 +81,21 @@ def start_wandb(run_dir: Path, mode: str, project: str, name: str, group: str | 
     return run
 
 
+def whole_lines(path: Path) -> list[str]:
+    """The lines of a metrics.jsonl. A run killed mid-write can leave a torn last line: it is dropped (the step
+    it logged is logged again when the run resumes); a broken line anywhere else is the user's to look at."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                return lines[:-1]
+            raise UserError(f"{path}: line {number} of {len(lines)} is not JSON ({line[:60]!r}); delete that line "
+                            "to resume, or start afresh with train.resume=never") from None
+    return lines
+
+
 class SilentLog:
     """The log of every rank but 0: only rank 0 writes metrics."""
 

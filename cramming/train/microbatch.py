@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import locked, write_atomic
+
 CPU_MICROBATCH = 32
 HEADROOM = 0.9  # the most of the GPU's memory that the probe's peak (the allocator's reserve) may take
 # what CUDA and cuBLAS say when a launch is too large for the device rather than wrong
@@ -64,7 +66,7 @@ def probe_peak(model, vocab_size: int, seq_len: int, autocast, ballast_numel: in
                     loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
             return torch.cuda.max_memory_reserved(device) if cuda else 0
-        except Exception as error:  # noqa: BLE001  (out_of_room decides; anything else is raised again)
+        except Exception as error:  # out_of_room decides; anything else is raised again
             if not out_of_room(error):
                 raise
             return None
@@ -91,13 +93,16 @@ def auto_microbatch(model, config, vocab_size: int, seq_len: int, multiple_of: i
                            "multiple_of": multiple_of, "headroom": HEADROOM})
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
     cache = Path(cache_dir).expanduser() / "microbatch.json"
-    known = json.loads(cache.read_text()) if cache.is_file() else {}
-    if key in known:
+    if key in (known := remembered(cache)):
         return known[key]
     optimizer_state = 2 * sum(p.numel() for p in model.parameters())  # AdamW's two moments, fp32
     model.train()
     peak = probe_peak(model, vocab_size, seq_len, runtime.autocast(), optimizer_state)
     best = largest_fitting(options, peak, gpu_bytes(runtime.device))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({**known, key: best}, indent=1))
+    with locked(cache):  # other jobs of a sweep may have added theirs since: merge, never overwrite
+        write_atomic(cache, json.dumps({**remembered(cache), key: best}, indent=1))
     return best
+
+
+def remembered(cache: Path) -> dict:
+    return json.loads(cache.read_text()) if cache.is_file() else {}

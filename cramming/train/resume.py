@@ -166,7 +166,9 @@ def config_differences(saved: dict, current: dict, prefix=()) -> list[str]:
 
 def find_resume(resume: str, run_dir: Path, config) -> Path | None:
     """train.resume: `never`; a checkpoint folder; or `auto`: the newest whole checkpoint of this run directory or
-    of an unfinished sibling run of the same name (Hydra gives every launch a new folder) with the same config."""
+    of an unfinished sibling run of the same name (Hydra gives every launch a new folder) with the same config.
+    The name is checked, not assumed from the layout: with a custom hydra.run.dir, runs of other names may sit
+    side by side, and a different name never resumes."""
     current = json.loads(json.dumps(asdict(config)))  # tuples -> lists, as in the saved JSON
     if resume == "never":
         return None
@@ -185,7 +187,13 @@ def find_resume(resume: str, run_dir: Path, config) -> Path | None:
         found = complete_checkpoints(run)
         if not found:
             continue
-        diffs = config_differences(json.loads((found[-1] / "config.json").read_text()), current)
+        saved = json.loads((found[-1] / "config.json").read_text())
+        if saved.get("name") != config.name:
+            if run == run_dir:
+                print(f"not resuming from {found[-1]}: it belongs to run name={saved.get('name')!r}, this is "
+                      f"name={config.name!r}", flush=True)
+            continue
+        diffs = config_differences(saved, current)
         if not diffs:
             return found[-1]
         print(f"not resuming from {found[-1]}: its config differs in {', '.join(diffs[:5])}", flush=True)
