@@ -4,6 +4,7 @@ stops the run with one line before any data is read or any budget is spent.
 """
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,14 +40,14 @@ class ArchConfig:
     ffn_size: int = 3072
     ffn: str = "glu"  # mlp | glu
     activation: str = "gelu"
-    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm
     norm_eps: float = 1e-12
     norm_position: str = "pre"  # pre | post
     qk_norm: bool = False  # normalise each head's queries and keys (with arch.norm)
     embedding_norm: bool = True
     final_norm: bool = True
     bias: bool = False
-    position: str = "scaled-sinusoidal"  # learned | sinusoidal | scaled-sinusoidal | rotary | alibi | none
+    position: str = "scaled-sinusoidal"  # learned | sinusoidal | scaled-sinusoidal | rotary | rpe | alibi | none
     rotary_pct: float = 1.0  # rotary: the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
     rotary_base: float = 10000.0
     rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
@@ -104,7 +105,8 @@ class DataConfig:
     filter_threshold: float | None = None  # keep a document only if tokens / characters < threshold
     dedup: bool = True
     ordering: str = "random"  # random | sentence-length
-    cache_dir: str = "~/.cache/cramming"
+    # $CRAMMING_CACHE, else .cache/cramming under the working directory (conf/data/python-docs.yaml says the same)
+    cache_dir: str = field(default_factory=lambda: os.environ.get("CRAMMING_CACHE", ".cache/cramming"))
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
 

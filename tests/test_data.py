@@ -265,3 +265,24 @@ def test_seen_hashes_is_an_exact_set_across_growth():
     assert all(seen.add(d) for d in digests)
     assert not any(seen.add(d) for d in digests[::7])
     assert seen.count == 50_000 and len(seen.table) >= 100_000
+
+
+def test_dedup_memory_is_what_the_docs_say():
+    """16 bytes per document just before the table doubles, 32 right after: dedup.py and the README say so."""
+    from pathlib import Path
+
+    from cramming.data import dedup
+
+    rng = np.random.default_rng(1)
+    seen, per_doc = dedup.SeenHashes(capacity=16), []
+    for _ in range(20_000):
+        size = len(seen.table)
+        seen.add(rng.bytes(16))
+        if len(seen.table) != size:  # it just doubled
+            per_doc.append(seen.table.nbytes / seen.count)
+        elif len(seen.table) == size and (seen.count + 1) * 2 > size:  # the next add doubles it
+            per_doc.append(seen.table.nbytes / seen.count)
+    assert min(per_doc) == 16 and 31.9 < max(per_doc) < 32
+    assert "16 bytes per document just" in dedup.__doc__ and "32 right after" in dedup.__doc__
+    readme = (Path(dedup.__file__).parents[2] / "README.md").read_text()
+    assert "16-byte hashes" not in readme and "8-byte keys" in readme
