@@ -54,8 +54,9 @@ def triton_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def attention_unsupported(name: str, arch) -> str | None:
-    """Why attention kernel `name` cannot serve this architecture, or None. Eager serves everything."""
+def attention_unsupported(name: str, arch, device=None, dtype=None) -> str | None:
+    """Why attention kernel `name` cannot serve this architecture (on this CUDA device, in this dtype), or None.
+    Eager serves everything."""
     patterns = set(arch.attention.pattern) if arch is not None else set()
     if name == "sdpa" and "topk" in patterns:
         return "it never holds the scores, so it cannot do top-k attention (arch.attention.pattern has topk)"
@@ -70,17 +71,29 @@ def attention_unsupported(name: str, arch) -> str | None:
         return f"it implements the global and local patterns, not {', '.join(sorted(patterns - {'global', 'local'}))}"
     if arch.position == "rpe":
         return "it has no learned relative-position bias (arch.position=rpe)"
+    if device is not None and device.type == "cuda" and dtype is not None:
+        from .kernels import tuning
+
+        return tuning.attention_unfit(head_dim, dtype, tuning.shared_limit(device))
     return None
 
 
-def resolve_kernels(name: str, rotary: str, arch, device: torch.device) -> tuple[str, str]:
-    """`auto` picks the Triton kernels on CUDA when they can serve the model, else SDPA, else eager. An explicit
-    choice that cannot serve the run is an error, never a silent fallback."""
+def ieee_fp32(device: torch.device, dtype) -> bool:
+    """fp32 attention on CUDA without TF32 (torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision):
+    the Triton kernel's exact IEEE dots spill registers and autotune for minutes, so `auto` takes SDPA there."""
+    return device.type == "cuda" and dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+
+
+def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=None) -> tuple[str, str]:
+    """`auto` picks the Triton kernels on CUDA when they can serve the model (dtype: the attention inputs', i.e.
+    the autocast dtype or fp32), else SDPA, else eager. An explicit choice that cannot serve the run is an error,
+    never a silent fallback."""
     no_triton = triton_unavailable(device)
     if name == "auto":
-        candidates = (["triton"] if device.type == "cuda" and no_triton is None else []) + ["sdpa", "eager"]
-        name = next(c for c in candidates if attention_unsupported(c, arch) is None)
-    reason = (no_triton if name == "triton" else None) or attention_unsupported(name, arch)
+        triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
+        candidates = (["triton"] if triton_ok else []) + ["sdpa", "eager"]
+        name = next(c for c in candidates if attention_unsupported(c, arch, device, dtype) is None)
+    reason = (no_triton if name == "triton" else None) or attention_unsupported(name, arch, device, dtype)
     if reason:
         fallback = "eager" if name == "sdpa" else "sdpa"
         raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention={fallback}")
@@ -109,6 +122,7 @@ def resolve(impl, arch=None) -> Runtime:
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
-    attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device, dtype)
     loss = impl.loss if impl.loss != "auto" else auto_loss(device)
     return Runtime(device, precision, compile_, attention, rotary, loss)

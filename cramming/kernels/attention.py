@@ -13,11 +13,13 @@ masked / unmasked / masked. Scores are kept in raw q.k units and turned into bas
 
 import math
 import os
+import time
 
 import torch
 
 from ..model.attention import ATTENTION_KERNELS
 from .flash_kernels import triton  # None where Triton is not installed
+from .tuning import add_autotune_seconds, attention_unfit, shared_limit
 
 if triton is not None:
     from .flash_kernels import DELTA, PLAIN, TUNED
@@ -34,8 +36,12 @@ def _launch(name, grid_block, seq, batch_heads, args, meta, device):
     are a fixed 16x16 and nothing is autotuned: the interpreter would run every config."""
     if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
         PLAIN[name][grid(batch_heads, seq, 16)](*args, BLOCK_M=16, BLOCK_N=16, **meta)
-    else:
-        TUNED[name][lambda m: grid(batch_heads, seq, m[grid_block])](*args, **meta)
+        return
+    tuner = TUNED[name]
+    known, started = len(tuner.cache), time.perf_counter()
+    tuner[lambda m: grid(batch_heads, seq, m[grid_block])](*args, **meta)
+    if len(tuner.cache) > known:  # a new key: compiled (and timed, unless Triton's disk cache knew it)
+        add_autotune_seconds(time.perf_counter() - started)
 
 
 def _meta(q, causal, window, alibi, key_padding_mask):
@@ -57,6 +63,10 @@ def _mask_args(q, key_padding_mask):
 
 def _forward(q, k, v, key_padding_mask, causal, window, alibi, scale):
     batch, heads, seq, head_dim = q.shape
+    if q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        unfit = attention_unfit(head_dim, q.dtype, shared_limit(q.device))
+        if unfit:  # the router picks SDPA for these (impl.attention=auto); say so instead of OutOfResources
+            raise ValueError(f"the Triton attention kernel cannot run here: {unfit}; use the 'sdpa' kernel")
     out = torch.empty(batch, seq, heads, head_dim, device=q.device, dtype=q.dtype).transpose(1, 2)
     lse = torch.empty(batch, heads, seq, device=q.device, dtype=torch.float32)
     mask, smb, smn = _mask_args(q, key_padding_mask)

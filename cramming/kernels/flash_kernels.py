@@ -3,6 +3,10 @@ the launch code). Forward, the backward's row-sum preprocess, dK/dV and dQ, plus
 configs for CUDA (TUNED) and the plain kernels for fixed blocks under the interpreter (PLAIN).
 """
 
+import inspect
+
+from .tuning import CONFIGS, shared_bytes, shared_limit
+
 try:
     import triton
     import triton.language as tl
@@ -310,24 +314,26 @@ if triton is not None:
     def _configs(triples):
         return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in triples]
 
-    def _prune(configs, named_args, **kwargs):
-        """Drop configs whose blocks are longer than the (power-of-two rounded) sequence, keeping at least one."""
-        n = named_args["N_BUCKET"]
-        fitting = [c for c in configs if max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= max(n, 32)]
-        return fitting or configs[:1]
+    def _pruner(kernel):
+        def prune(configs, named_args, **kwargs):
+            """Keep the configs whose shared memory fits the device (the same estimate the AOT check validates) and
+            whose blocks are no longer than the (power-of-two rounded) sequence. flash_attention refuses a shape
+            where nothing fits before it launches, so the list is never empty here."""
+            q = named_args["Q"]
+            limit = shared_limit(q.device)
+            fits = [c for c in configs if shared_bytes(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages,
+                                                       kwargs["BLOCK_D"], q.element_size()) <= limit]
+            n = max(named_args["N_BUCKET"], 32)
+            short = [c for c in fits if max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= n]
+            return short or fits[-1:]
+        return prune
 
+    # Triton's on-disk autotune cache (cache_results, Triton >= 3.2): a new process, or the next curriculum stage,
+    # reuses the timings of an earlier run instead of compiling and timing every config again.
+    _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     _KEY = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "HAS_PAD", "ALIBI", "DOT_PREC"]
-    TUNED = {
-        "fwd": triton.autotune(_configs([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
-                                         (64, 64, 4, 3), (64, 32, 4, 4), (128, 128, 8, 2), (64, 128, 4, 3)]),
-                               key=_KEY, prune_configs_by={"early_config_prune": _prune})(_attn_fwd),
-        # dK/dV: BLOCK_N keys per program, BLOCK_M queries per step; dQ: the other way round.
-        "dkdv": triton.autotune(_configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 4), (64, 64, 4, 3),
-                                          (32, 64, 4, 4), (64, 128, 8, 2), (16, 128, 4, 4)]),
-                                key=_KEY, prune_configs_by={"early_config_prune": _prune})(_attn_bwd_dkdv),
-        "dq": triton.autotune(_configs([(128, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 4), (64, 64, 4, 3),
-                                        (64, 32, 4, 4), (128, 64, 8, 2), (128, 16, 4, 4)]),
-                              key=_KEY, prune_configs_by={"early_config_prune": _prune})(_attn_bwd_dq),
-    }
+    TUNED = {name: triton.autotune(_configs(CONFIGS[name]), key=_KEY, prune_configs_by={"early_config_prune":
+                                                                                      _pruner(name)}, **_CACHE)(fn)
+             for name, fn in (("fwd", _attn_fwd), ("dkdv", _attn_bwd_dkdv), ("dq", _attn_bwd_dq))}
     PLAIN = {"fwd": _attn_fwd, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
     DELTA = _attn_bwd_delta
