@@ -3,7 +3,6 @@ every task with every seed (and the random-init baseline) -> results.json, the C
 
 import hashlib
 import json
-import os
 import random
 import time
 from dataclasses import asdict
@@ -15,6 +14,7 @@ import transformers
 from transformers import AutoConfig, AutoTokenizer
 
 from . import impl as impl_
+from .atomic import write_atomic
 from .errors import UserError
 from .eval.config import EvalRunConfig, recipe_for
 from .eval.custom import load_custom_task
@@ -151,9 +151,7 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
         "finished_at": datetime.now(timezone.utc).isoformat(),
     })
     path = run_dir / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, path)  # a results.json is only ever a complete one
+    write_atomic(path, json.dumps(results, indent=2))  # a results.json is only ever a complete one
     for label, row in table_rows.items():
         append_csv(Path(config.eval.results_table), {
             "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
