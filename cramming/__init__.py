@@ -7,3 +7,6 @@ __version__ = "0.1.0"
 # Where DeepSpeed is installed, accelerate imports it inside save_pretrained, and DeepSpeed then logs every gcc call
 # of its feature probes at INFO, which Hydra's job log would print in the middle of our output.
 logging.getLogger("compilers").setLevel(logging.WARNING)
+# The same import logs "Setting accelerator to CPU ..." on every CPU run: expected there, and not a DeepSpeed run.
+# Only that line is dropped; DeepSpeed's other warnings still print.
+logging.getLogger("DeepSpeed").addFilter(lambda record: "Setting accelerator to CPU" not in record.getMessage())

@@ -102,6 +102,20 @@ def _inside_job(err: BaseException) -> bool:
     return False
 
 
+CPU_BATCH = 1024  # train=cpu-smoke uses 64; a CPU step of 1024 sequences takes tens of seconds even for tiny models
+
+
+def cpu_recipe_note(config, device_type: str) -> str | None:
+    """The default recipe ramps the batch towards 8192 sequences: on a CPU a short run then makes a handful of
+    steps, and without this line nothing says why."""
+    train = config.train
+    if device_type != "cpu" or train.batch_size < CPU_BATCH:
+        return None
+    return (f"note: train.batch_size={train.batch_size} is a GPU recipe (the batch grows to it over "
+            f"{train.batch_ramp:.0%} of the budget), so on this CPU each step is slow and a short run makes few "
+            "steps; for CPU runs use train=cpu-smoke (batch 64)")
+
+
 def check_no_missing(cfg) -> None:
     """`key=???` leaves a value missing, and a merge onto the schema would quietly keep the default instead."""
     from .errors import UserError

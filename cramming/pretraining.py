@@ -16,6 +16,7 @@ from . import deepspeed_engine
 from . import distributed as dist_
 from . import impl as impl_
 from .atomic import write_atomic
+from .cli import cpu_recipe_note
 from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
@@ -77,6 +78,8 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     setup_start = time.time()
     seed_everything(config.seed)
     runtime = impl_.resolve(config.impl, config.arch)
+    if (note := cpu_recipe_note(config, runtime.device.type)) and dist_.env_rank() == 0:
+        print(note, flush=True)  # the GPU batch recipe on a CPU: say so before the run is mysteriously short
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
         return dryrun(config, runtime)
     distributed = dist_.setup(config.impl.distributed, runtime.device.type)

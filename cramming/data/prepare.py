@@ -69,6 +69,23 @@ def _capped(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
         yield doc
 
 
+def _progress(desc: str, docs: Iterable[str], source, cap: int | None) -> Iterator[str]:
+    """A bar of characters read (k/M per second, never seconds per document), out of the source's size where
+    it is known, capped. python-docs knows its size only once its corpus is built, on the first document; a
+    file's size in bytes only estimates its documents' characters, so a source read to its end ends at 100 %."""
+    bar = tqdm(desc=desc, unit="char", unit_scale=True, mininterval=2)
+    try:
+        for doc in docs:
+            if bar.total is None and (size := source.size_hint()) is not None:
+                bar.total = min(size, cap) if cap else size
+            bar.update(len(doc))
+            yield doc
+        bar.total = bar.n
+        bar.refresh()
+    finally:
+        bar.close()
+
+
 def _batches(docs: Iterator[str]) -> Iterator[list[str]]:
     """Group documents for batched encoding, capped in characters too: token encodings cost ~100 bytes per
     token while they live, so a batch of a few huge documents must not grow memory with the corpus."""
@@ -118,7 +135,7 @@ def _get_tokenizer(cfg, source):
     if kind not in TOKENIZER_KINDS:
         return load_pretrained_tokenizer(kind, cfg.seq_length)
     cap = min(cfg.tokenizer.train_max_chars, cfg.max_chars or cfg.tokenizer.train_max_chars)
-    docs = tqdm(_capped(source.documents(), cap), desc="training tokenizer", unit=" doc", mininterval=2)
+    docs = _progress("training tokenizer", _capped(source.documents(), cap), source, cap)
     tokenizer = train_tokenizer(docs, kind, cfg.vocab_size, cfg.seq_length, cfg.lowercase, cfg.strip_accents,
                                 cfg.ascii_only)
     if len(tokenizer) < 16:
@@ -142,8 +159,7 @@ def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
     tokens = {"train": 0, "val": 0}
     seen = SeenHashes()
     files = {split: open(tmp / f"{split}.bin", "wb") for split in ("train", "val")}
-    progress = tqdm(desc="tokenizing", unit=" doc", mininterval=2)
-    docs = _capped(source.documents(), cfg.max_chars)
+    docs = _progress("tokenizing", _capped(source.documents(), cfg.max_chars), source, cfg.max_chars)
     try:
         for batch in _batches(docs):
             keep, digests = [], []
@@ -168,12 +184,10 @@ def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
                 counts[f"{split}_documents"] += 1
             for split, ids in pending.items():
                 np.array(ids, dtype=dtype).tofile(files[split])
-            progress.update(len(batch))
-            progress.set_postfix(tokens=f"{tokens['train'] + tokens['val']:,}")
             if cfg.max_tokens is not None and tokens["train"] + tokens["val"] >= cfg.max_tokens:
                 break
     finally:
-        progress.close()
+        docs.close()  # ends the bar
         for fh in files.values():
             fh.close()
 

@@ -29,6 +29,13 @@ class PythonDocs:
     def fingerprint(self):
         return ["python-docs", str(self.corpus)]
 
+    def size_hint(self) -> int | None:
+        """Characters in the corpus once it is built (a progress bar's total)."""
+        if not self.corpus.exists():
+            return None
+        with open(self.corpus, encoding="utf-8") as fh:
+            return sum(len(json.loads(line)["text"]) for line in fh)
+
     def documents(self) -> Iterator[str]:
         from .python_docs import build_corpus
 
@@ -51,6 +58,10 @@ class LocalText:
     def fingerprint(self):
         return ["local-text", self.text_field, local_text.fingerprint(self.files)]  # encoding: in the settings
 
+    def size_hint(self) -> int:
+        """The files' bytes: about their characters (exact for ASCII), a progress bar's total."""
+        return sum(f.stat().st_size for f in self.files)
+
     def documents(self) -> Iterator[str]:
         return local_text.iter_documents(self.files, self.text_field, self.encoding, self.encoding_errors)
 
@@ -62,6 +73,9 @@ class Hub:
 
     def fingerprint(self):
         return ["hub", [[s.path, s.name, s.split, s.text_field] for s in self.sources]]
+
+    def size_hint(self) -> None:
+        return None  # streamed: unknown until read
 
     def documents(self) -> Iterator[str]:
         return hub.iter_documents(self.sources)
@@ -76,6 +90,9 @@ class Sanity:
 
     def fingerprint(self):
         return ["sanity", self.cap]
+
+    def size_hint(self) -> int:
+        return self.cap
 
     def documents(self) -> Iterator[str]:
         rng = random.Random(0)
