@@ -144,7 +144,7 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
     if state.step and state.step % cfg_train.log_every:
         state.last_loss = step_loss.item()
     # the loop's time without checkpoint writes and without the first step (compile_seconds, torch.compile's
-    # work): tokens_per_s, and so MFU, is the rate of the steady loop, over the seconds reported as train
+    # work): tokens_per_s, and so MFU, is tokens over the seconds the summary reports as wall_seconds.train
     train_seconds = state.elapsed - state.checkpoint_seconds - state.compile_seconds
     return {
         "steps": state.step,
