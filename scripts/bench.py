@@ -51,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument("--finetune-examples", type=int, default=2000, help="SST-2 training examples in section 4")
     p.add_argument("--finetune-rounds", type=int, default=2, help="alternating runs of each loop in section 4")
     p.add_argument("--gpu-batch", type=int, default=256, help="sequences per step of the end-to-end GPU run")
-    p.add_argument("--kernel-seconds", type=float, default=240.0, help="bench_kernels.py --max-seconds")
+    p.add_argument("--kernel-seconds", type=float, default=240.0, help="bench_kernels.py --max-seconds; 0 skips it")
     args = p.parse_args(argv)
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(args.sections) - set(SECTIONS))

@@ -33,7 +33,7 @@ def test_candidates_divide_the_batch_and_respect_the_block():
 
 
 def test_largest_fitting_stops_at_the_first_failure():
-    fits_to_20 = lambda m: 0 if m <= 20 else None  # noqa: E731
+    fits_to_20 = lambda m: 0 if m <= 20 else None
     assert largest_fitting([4, 8, 16, 32, 64], fits_to_20, capacity=100) == 16
     assert largest_fitting([4, 8], lambda m: None, capacity=100) == 4
     assert largest_fitting([4, 8], lambda m: 0, capacity=100) == 8

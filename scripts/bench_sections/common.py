@@ -16,9 +16,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def machine() -> dict:
     """Where the numbers come from: CPU model, cores and threads, GPU, library versions, date (UTC)."""
-    import datasets
     import tokenizers
     import transformers
+
+    try:  # only the data and fine-tuning sections need datasets; the GPU checks run where it may be missing
+        import datasets
+    except ImportError:
+        datasets = None
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -33,7 +37,7 @@ def machine() -> dict:
     return {"cpu": cpu, "cpus_usable": cores, "torch_threads": torch.get_num_threads(), "gpu": gpu,
             "load_average": load_average(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "datasets": datasets.__version__, "tokenizers": tokenizers.__version__,
+            "datasets": datasets and datasets.__version__, "tokenizers": tokenizers.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 

@@ -93,7 +93,8 @@ def run(args, out: Path) -> dict:
         return {"status": "skipped", "reason": "no CUDA GPU on this machine", "targets": [],
                 "markdown": "Skipped: no CUDA GPU on this machine (`torch.cuda.is_available()` is false)."}
     device = torch.device("cuda" if has_gpu else "cpu")
-    rows, kernels_md = kernels(out / "kernels", args.kernel_seconds) if has_gpu else ([], "")
+    run_kernels = has_gpu and args.kernel_seconds > 0  # 0: scripts/gpu_checks.py runs bench_kernels.py itself
+    rows, kernels_md = kernels(out / "kernels", args.kernel_seconds) if run_kernels else ([], "")
     e2e = end_to_end(device, 2 if args.smoke else args.gpu_batch, 2 if args.smoke else 20,
                      1 if args.smoke else 5, smoke=args.smoke or not has_gpu)
     # impl.loss=auto keeps the plain loss on CUDA: the fused one is measured here against it, to decide that

@@ -1,0 +1,73 @@
+"""Fetch, as wheels in .whl/, what the H200 test machine lacks for scripts/gpu_checks.sh (it reaches no registry).
+
+That machine's python3 is CPython 3.12 on manylinux x86-64 with torch, triton, transformers, tokenizers,
+safetensors, numpy, scipy, scikit-learn, pyarrow, pandas, fsspec, huggingface_hub, xxhash, pyyaml, packaging,
+psutil, py-cpuinfo, msgpack, ninja, einops, tqdm and filelock; the packages below are what it lacks. Versions are
+pinned to what this .venv holds (run it with .venv/bin/python), so the machine runs what our tests ran.
+datasets comes along for eval and local structured files, with dill and multiprocess; pyarrow (about 45 MiB) stays
+behind: the machine has one, and the GPU checks use data=sanity, which needs no datasets at all.
+deepspeed and antlr4-python3-runtime are sdists on PyPI, so their wheels are built here (pure Python: DeepSpeed
+compiles its ops at run time). The wheels and the tree travel together within 64 MiB.
+
+    .venv/bin/python scripts/fetch_wheels.py        # a minute or two; replaces .whl/
+"""
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELS = REPO / ".whl"
+LIMIT_MIB = 64  # the device tool's limit on the tree and the carried paths together
+BINARY = ["hydra-core", "omegaconf", "datasets", "dill", "multiprocess", "hjson", "pydantic", "pydantic-core",
+          "annotated-types", "typing-inspection", "typing-extensions"]  # pydantic needs typing-extensions>=4.16
+SDIST = ["antlr4-python3-runtime", "deepspeed"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64"]
+
+
+def pinned(name: str) -> str:
+    return f"{name}=={importlib.metadata.version(name)}"
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
+
+
+def tree_bytes() -> int:
+    """What travels besides the wheels: tracked and untracked-not-ignored files."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    return sum((REPO / p).stat().st_size for p in listed if p and (REPO / p).is_file())
+
+
+def main() -> int:
+    shutil.rmtree(WHEELS, ignore_errors=True)  # one version of each: two would stop the install there
+    WHEELS.mkdir()
+    targets = [a for p in PLATFORMS for a in ("--platform", p)]
+    pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+        *targets, "-d", str(WHEELS), *map(pinned, BINARY))
+    with tempfile.TemporaryDirectory() as build:  # no isolation: deepspeed's setup.py imports torch
+        pip("wheel", "-q", "--no-deps", "--no-build-isolation", "--no-binary=:all:", "-w", build, *map(pinned, SDIST))
+        for wheel in Path(build).glob("*.whl"):
+            if not wheel.name.endswith("-none-any.whl"):
+                print(f"error: {wheel.name} is not pure Python; it would not load on CPython 3.12", file=sys.stderr)
+                return 1
+            shutil.move(str(wheel), WHEELS / wheel.name)
+    wheels = sorted(WHEELS.glob("*.whl"))
+    for wheel in wheels:
+        print(f"{wheel.stat().st_size / 2**20:7.2f} MiB  {wheel.name}")
+    total = (sum(w.stat().st_size for w in wheels) + tree_bytes()) / 2**20
+    print(f"{len(wheels)} wheels; with the tree {total:.1f} MiB of the {LIMIT_MIB} MiB that may travel")
+    if total > LIMIT_MIB:
+        print(f"error: .whl/ and the tree come to {total:.1f} MiB, over the device tool's {LIMIT_MIB} MiB",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""scripts/gpu_checks.sh in rehearsal (the same steps on CPU at tiny sizes), so its plumbing cannot rot before the
+GPU machine sees it: the pre-flight names what is missing in one line and runs nothing after it; a full run leaves
+at most 8 files in OUT, none in a folder, a summary that lists every step, the figures and a tarball of logs; and
+the checks run without `datasets` (the GPU machine may lack it)."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("gpu_checks", REPO / "scripts" / "gpu_checks.py")
+gpu_checks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_checks)
+STEPS = ["kernels", "bench_gpu", *gpu_checks.ENGINES]
+
+
+def rehearse(tmp_path, hide: list[str], wheels) -> subprocess.CompletedProcess:
+    """Run the rehearsal with the modules in `hide` made unimportable (a package of that name that raises)."""
+    shadow = tmp_path / "shadow"
+    for module in hide:
+        (shadow / module).mkdir(parents=True)
+        (shadow / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{module}' (hidden by the test)\", name={module!r})\n")
+    env = {**os.environ, "PYTHONPATH": str(shadow), "OUT": str(tmp_path / "out"), "GPU_CHECKS_REHEARSAL": "1"}
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_checks.sh"), "--wheels", str(wheels)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=1800, check=False)
+
+
+def carried_wheels(tmp_path, leave_out: str):
+    """.whl/ as scripts/fetch_wheels.py made it, less one package (its wheel would undo the hiding); empty in CI."""
+    folder = tmp_path / "whl"
+    folder.mkdir()
+    for wheel in (REPO / ".whl").glob("*.whl"):
+        if not wheel.name.startswith(f"{leave_out}-"):
+            shutil.copy(wheel, folder)
+    return folder
+
+
+def test_layout_problems_name_what_would_not_come_back(tmp_path):
+    for i in range(gpu_checks.MAX_FILES):
+        (tmp_path / f"f{i}.md").write_text("x")
+    assert gpu_checks.layout_problems(tmp_path) == []
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "ok.txt").write_text("x")
+    (tmp_path / "a" / "b" / "c" / "deep.txt").write_text("x")
+    (tmp_path / "f0.md").write_bytes(b"x" * (gpu_checks.MAX_BYTES + 1))
+    assert gpu_checks.layout_problems(tmp_path) == [f"10 files (at most {gpu_checks.MAX_FILES})",
+                                                    f"f0.md is {gpu_checks.MAX_BYTES + 1} bytes",
+                                                    "a/b/c/deep.txt is too deep"]
+
+
+@pytest.mark.slow
+def test_preflight_names_what_is_missing_in_one_line_and_stops(tmp_path):
+    result = rehearse(tmp_path, hide=["hydra", "hjson"], wheels=tmp_path / "none")
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "hydra-core (ModuleNotFoundError" in errors[0] and "hjson (" in errors[0]
+    assert "scripts/fetch_wheels.py" in errors[0] and "transformers" not in errors[0]  # only what is missing
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| preflight | FAILED | 2 |" in summary and "wheels: none in" in summary
+    assert not any(f"| {step} |" in summary for step in STEPS)  # nothing ran after it
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_every_step_and_returns_what_the_device_tool_can_carry_back(tmp_path):
+    result = rehearse(tmp_path, hide=["datasets"], wheels=carried_wheels(tmp_path, leave_out="datasets"))
+    out = tmp_path / "out"
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in out.rglob("*")) == ["bench.json", "benchmarks.md", "kernels.json", "logs.tar.gz",
+                                                      "summary.md"]
+    assert gpu_checks.layout_problems(out) == []
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# GPU checks: complete") and "optional datasets not importable" in summary
+    for step in ["preflight", *STEPS]:
+        assert f"| {step} | ok | 0 |" in summary, summary
+    for engine in gpu_checks.ENGINES:  # each smoke run's own summary, read back
+        assert f"- {engine}: {gpu_checks.STEPS['rehearsal']} steps on cpu, validation loss" in summary
+    assert json.loads((out / "kernels.json").read_text())["smoke"] is True
+    assert json.loads((out / "bench.json").read_text())["sections"]["gpu"]["status"] == "smoke-cpu"
+    assert "Smoke run (`--smoke`" in (out / "benchmarks.md").read_text()  # the Kernels block was rewritten
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {f"logs/{step}.log" for step in ["preflight", *STEPS]} <= names
+    assert {f"runs/{engine}/metrics.jsonl" for engine in gpu_checks.ENGINES} <= names
