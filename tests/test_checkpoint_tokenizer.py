@@ -59,6 +59,8 @@ GENERATE = """
     not_words = [i for t, i in tok.get_vocab().items() if not t.isalpha()]
     enc = tok(prompt, return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=4, do_sample=False, suppress_tokens=not_words, pad_token_id=0)
+    only_sep = [i for i in range(len(tok)) if i != tok.sep_token_id]  # the model ends the document at once
+    ended = model.generate(**enc, max_new_tokens=4, do_sample=False, suppress_tokens=only_sep, pad_token_id=0)
     pipe = pipeline("text-generation", model=path, trust_remote_code=True)
     text = pipe(prompt, max_new_tokens=4, do_sample=False, suppress_tokens=not_words)[0]["generated_text"]
     new = out[0, enc["input_ids"].shape[1]:]
@@ -66,7 +68,8 @@ GENERATE = """
     print("RESULT " + json.dumps(dict(
         prompt_ids=enc["input_ids"][0].tolist(), out=out[0].tolist(), text=text, cls=tok.cls_token_id,
         sep=tok.sep_token_id, new_tokens=tok.convert_ids_to_tokens(new),
-        decoded=tok.decode(out[0], skip_special_tokens=True), pair_tokens=tok.convert_ids_to_tokens(pair))))
+        decoded=tok.decode(out[0], skip_special_tokens=True), pair_tokens=tok.convert_ids_to_tokens(pair),
+        ended=ended[0].tolist())))
 """
 
 
@@ -75,6 +78,7 @@ def test_causal_checkpoint_prompts_like_a_document_start_and_generates_spaced_te
     ids, out = got["prompt_ids"], got["out"]
     assert ids[0] == got["cls"] and got["sep"] not in ids, got["prompt_ids"]  # [CLS] prompt, never closed
     assert out[:len(ids)] == ids and len(out) == len(ids) + 4
+    assert got["ended"] == ids + [got["sep"]]  # [SEP] ends a document, so generation stops there
     words = got["new_tokens"]
     assert all(w.isalpha() for w in words), words
     # the pipeline appends decode(new tokens) to the prompt: one space before each word

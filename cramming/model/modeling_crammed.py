@@ -173,6 +173,8 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         self.encoder = CrammedModel(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.bias)
         self.post_init()
+        if self.generation_config.eos_token_id is None:  # training closed each document with [SEP]: stop there
+            self.generation_config.eos_token_id = config.sep_token_id
 
     def get_output_embeddings(self):
         return self.decoder
