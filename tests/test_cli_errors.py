@@ -110,6 +110,9 @@ def test_entry_points_keep_the_contract(tmp_path):
     result = subprocess.run([sys.executable, "eval.py", "eval=superglue", "checkpoint=x"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     one_line_error(result, "eval=superglue", "custom, glue")
+    result = subprocess.run([sys.executable, "eval.py", "eval.seeds=???", "checkpoint=x"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    one_line_error(result, "eval.seeds=??? leaves the value missing")
 
 
 @pytest.mark.parametrize("script", ["pretrain.py", "eval.py"])

@@ -129,3 +129,12 @@ def test_hub_field_that_is_not_text_is_not_called_offline(tmp_path, monkeypatch)
     with pytest.raises(UserError) as err:
         list(open_source(cfg, tmp_path).documents())
     assert "'label' holds int values, not text" in str(err.value) and "cannot be reached" not in str(err.value)
+
+
+def test_a_utf16_file_is_text_under_its_encoding(tmp_path):
+    """UTF-16 is full of NUL bytes: binary under utf-8, plain text once data.encoding says what it is."""
+    path = tmp_path / "wide.txt"
+    path.write_text("premier paragraphe, caf\u00e9\n\nsecond paragraphe\n", encoding="utf-16")
+    with pytest.raises(UserError, match="wide.txt looks binary"):
+        docs(path)
+    assert docs(path, encoding="utf-16") == ["premier paragraphe, caf\u00e9", "second paragraphe"]
