@@ -1,7 +1,7 @@
 """scripts/gpu_checks.sh in rehearsal (the same steps on CPU at tiny sizes), so its plumbing cannot rot before the
 GPU machine sees it: the pre-flight names what is missing in one line and runs nothing after it; a full run leaves
 at most 8 files in OUT, none in a folder, a summary that lists every step, the figures and a tarball of logs; and
-the checks run without `datasets` (the GPU machine may lack it)."""
+the checks run without `datasets` (the GPU machine may lack it); bench.py's GPU section leaves the kernels to it."""
 
 import importlib.util
 import json
@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 from conftest import REPO
@@ -87,3 +88,21 @@ def test_rehearsal_runs_every_step_and_returns_what_the_device_tool_can_carry_ba
         names = set(tar.getnames())
     assert {f"logs/{step}.log" for step in ["preflight", *STEPS]} <= names
     assert {f"runs/{engine}/metrics.jsonl" for engine in gpu_checks.ENGINES} <= names
+
+
+def test_the_benchmarks_gpu_section_runs_the_kernels_unless_kernel_seconds_is_0(monkeypatch, tmp_path):
+    """gpu_checks runs bench_kernels.py itself and passes --kernel-seconds 0: the section must not run it again."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench_sections import gpu
+
+    calls, figures = [], {"tokens_per_s": 1.0, "mfu_datasheet": 0.5, "mfu_measured": 0.5, "datasheet_peak": 1e15,
+                          "measured_peak": 1e15, "seq": 128, "precision": "bf16", "compile": True, "batch": 1,
+                          "arch": "crammed-bert", "step_s": 1.0}
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "kernels", lambda out, seconds: calls.append(seconds) or ([], ""))
+    monkeypatch.setattr(gpu, "end_to_end", lambda *args, smoke, loss="auto": {
+        **figures, "loss": "plain" if loss == "auto" else loss})
+    for seconds, expected in ((0, []), (30, [30])):
+        calls.clear()
+        gpu.run(SimpleNamespace(smoke=False, gpu_batch=1, kernel_seconds=seconds), tmp_path)
+        assert calls == expected
