@@ -44,7 +44,7 @@ def _quoted(pattern: str, text: str) -> str | None:
 def _unknown_key(cause, command: str) -> str:
     key = cause.full_key
     parent = cause.parent_node
-    siblings = [str(k) for k in parent.keys()] if parent is not None else []
+    siblings = [str(k) for k in parent] if parent is not None else []
     close = difflib.get_close_matches(str(cause.key), siblings, n=3, cutoff=0.6)
     prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
     hint = f"did you mean {' or '.join(prefix + c for c in close)}?" if close else \

@@ -7,9 +7,9 @@ import sys
 
 import hydra
 import pytest
+from conftest import REPO, one_line_error, run_pretrain
 
 from cramming.cli import CONF, run_entry
-from conftest import REPO, one_line_error, run_pretrain
 
 
 def compose_through_entry(monkeypatch, capsys, config_name: str, *overrides: str):
@@ -108,10 +108,10 @@ def test_entry_points_keep_the_contract(tmp_path):
     """The real commands, end to end: pretrain.py and eval.py."""
     one_line_error(run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path), "arch=crammed-bert-huge", "gpt-tiny")
     result = subprocess.run([sys.executable, "eval.py", "eval=superglue", "checkpoint=x"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, check=False, timeout=120)
     one_line_error(result, "eval=superglue", "custom, glue")
     result = subprocess.run([sys.executable, "eval.py", "eval.seeds=???", "checkpoint=x"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, check=False, timeout=120)
     one_line_error(result, "eval.seeds=??? leaves the value missing")
 
 
@@ -119,5 +119,5 @@ def test_entry_points_keep_the_contract(tmp_path):
 def test_outside_the_venv_says_how_to_set_up(script):
     """`python -S` skips site-packages, as a Python without the project's packages would."""
     result = subprocess.run([sys.executable, "-S", script, "--help"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)
+                            check=False, timeout=60)
     one_line_error(result, "is not installed", "scripts/setup.sh", "source .venv/bin/activate")

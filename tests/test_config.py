@@ -96,8 +96,8 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("data.filter_threshold=-1", "data.filter_threshold"),
         ("data.vocab_size=10", "data.vocab_size"),
         ("data.encoding=utf9", "data.encoding='utf9' is not a text encoding"),
-        ("data.encoding_errors=backslashreplace", "data.encoding_errors='backslashreplace' is not a valid option; "
-         "choose one of: strict, replace, ignore"),
+        ("data.encoding_errors=backslashreplace",
+         "data.encoding_errors='backslashreplace' is not a valid option; choose one of: strict, replace, ignore"),
         ("train.schedule=zigzag", "train.schedule='zigzag'"),
         ("train.schedule=step-cosine", "needs train.max_steps"),
         ("train.warmup=1.5", "train.warmup=1.5"),

@@ -278,9 +278,7 @@ def test_dedup_memory_is_what_the_docs_say():
     for _ in range(20_000):
         size = len(seen.table)
         seen.add(rng.bytes(16))
-        if len(seen.table) != size:  # it just doubled
-            per_doc.append(seen.table.nbytes / seen.count)
-        elif len(seen.table) == size and (seen.count + 1) * 2 > size:  # the next add doubles it
+        if len(seen.table) != size or (seen.count + 1) * 2 > size:  # it just doubled, or the next add doubles it
             per_doc.append(seen.table.nbytes / seen.count)
     assert min(per_doc) == 16 and 31.9 < max(per_doc) < 32
     assert "16 bytes per document just" in dedup.__doc__ and "32 right after" in dedup.__doc__

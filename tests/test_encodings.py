@@ -3,13 +3,13 @@
 import json
 
 import pytest
+from test_data import data_config, make_corpus
 
 from cramming.config import DataConfig, HubSource
 from cramming.data.local_text import iter_documents
 from cramming.data.prepare import cache_key, prepare_data
 from cramming.data.sources import open_source
 from cramming.errors import UserError
-from test_data import data_config, make_corpus
 
 FILLER = "plain ascii words on a line\n" * 1000  # 28,000 bytes: the bad byte lies far past an 8 KiB read chunk
 

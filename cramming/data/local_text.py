@@ -178,7 +178,7 @@ def iter_parquet(path: Path, field: str) -> Iterator[str]:
 
     try:
         table = pq.ParquetFile(path)
-    except Exception as err:  # pyarrow's errors on a file that is not parquet
+    except Exception as err:  # noqa: BLE001  pyarrow raises several types for a file that is not parquet
         raise UserError(f"data file {path} could not be read as parquet: {str(err).splitlines()[0]}") from None
     names = table.schema_arrow.names
     if field not in names:
