@@ -328,7 +328,7 @@ if triton is not None:
             return short or fits[-1:]
         return prune
 
-    # Triton's on-disk autotune cache (cache_results, Triton >= 3.2): a new process, or the next curriculum stage,
+    # Triton's on-disk autotune cache (cache_results, where this Triton has it): a new process, or the next curriculum stage,
     # reuses the timings of an earlier run instead of compiling and timing every config again.
     _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     _KEY = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "HAS_PAD", "ALIBI", "DOT_PREC"]
