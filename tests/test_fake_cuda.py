@@ -6,7 +6,7 @@ their custom ops' fake impls here. Also: the rotary table cache must never keep 
 """
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # no kernel runs here, but keep cramming.kernels importable as tests expect
+os.environ.setdefault("TRITON_INTERPRET", "1")  # no kernel runs here; later test files need the interpreter build
 
 import pytest
 import torch

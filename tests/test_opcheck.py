@@ -12,9 +12,9 @@ if os.environ["TRITON_INTERPRET"] != "1" and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is not 1 and there is no GPU to compile for", allow_module_level=True)
 DEVICE = "cpu" if os.environ["TRITON_INTERPRET"] == "1" else "cuda"
 
-from cramming.kernels import attention as attention_module  # noqa: E402  (registers the ops)
-from cramming.kernels import rotary as rotary_module  # noqa: E402
-from cramming.model.rotary import rotary_cos_sin  # noqa: E402
+from cramming.kernels import attention as attention_module  # registers the ops
+from cramming.kernels import rotary as rotary_module
+from cramming.model.rotary import rotary_cos_sin
 
 
 def randn(*shape, grad=False):

@@ -76,7 +76,7 @@ def compile_job(job: dict) -> dict:
         kernel = triton.compile(ASTSource(fn, signature, job["constexprs"], attrs),
                                 target=GPUTarget("cuda", job["arch"], 32),
                                 options={"num_warps": job["warps"], "num_stages": job["stages"]})
-    except Exception as error:  # a config the compiler rejects is a finding, reported with the others
+    except Exception as error:  # noqa: BLE001  a config the compiler rejects is a finding, reported with the others
         return {**job, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
     return {**job, "shared": kernel.metadata.shared, **_resources(kernel.asm["cubin"]),
             "seconds": round(time.perf_counter() - started, 1)}
@@ -136,17 +136,20 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
-        print("error: TRITON_INTERPRET=1 is set, so the kernels are built for the interpreter; unset it", file=sys.stderr)
+        print("error: TRITON_INTERPRET=1 is set, so the kernels are built for the interpreter; unset it",
+              file=sys.stderr)
         return 2
     from .tuning import SHARED_PER_BLOCK
 
-    archs = [int(a) for a in args.arch.split(",")]
-    dtypes, head_dims = args.dtypes.split(","), [int(d) for d in args.head_dims.split(",")]
-    bad = [a for a in archs if a not in SHARED_PER_BLOCK] + [d for d in dtypes if d not in DTYPES]
+    archs, dtypes, head_dims = args.arch.split(","), args.dtypes.split(","), args.head_dims.split(",")
+    bad = ([f"--arch {a}" for a in archs if a not in map(str, SHARED_PER_BLOCK)]
+           + [f"--dtypes {d}" for d in dtypes if d not in DTYPES]
+           + [f"--head-dims {d}" for d in head_dims if not d.isdigit() or not 0 < int(d) <= 256])
     if bad:
-        print(f"error: unknown --arch/--dtypes value {bad[0]}; known: {sorted(SHARED_PER_BLOCK)}, {list(DTYPES)}",
-              file=sys.stderr)
+        print(f"error: unknown {bad[0]}; known: --arch {','.join(map(str, SHARED_PER_BLOCK))}, --dtypes "
+              f"{','.join(DTYPES)}, --head-dims 1 to 256", file=sys.stderr)
         return 2
+    archs, head_dims = [int(a) for a in archs], [int(d) for d in head_dims]
     started, jobs, refused = time.perf_counter(), [], []
     for arch in archs:
         for dtype in dtypes:

@@ -328,8 +328,8 @@ if triton is not None:
             return short or fits[-1:]
         return prune
 
-    # Triton's on-disk autotune cache (cache_results, where this Triton has it): a new process, or the next curriculum stage,
-    # reuses the timings of an earlier run instead of compiling and timing every config again.
+    # Triton's on-disk autotune cache (cache_results, where this Triton has it): a new process, or the next
+    # curriculum stage, reuses the timings of an earlier run instead of compiling and timing every config again.
     _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     _KEY = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "HAS_PAD", "ALIBI", "DOT_PREC"]
     TUNED = {name: triton.autotune(_configs(CONFIGS[name]), key=_KEY, prune_configs_by={"early_config_prune":

@@ -91,7 +91,7 @@ def _(x, cos, sin, position_ids, rotary_dim, interleaved, backward):
 
 
 def _setup_context(ctx, inputs, output):
-    x, cos, sin, position_ids, rotary_dim, interleaved, backward = inputs
+    _x, cos, sin, position_ids, rotary_dim, interleaved, backward = inputs
     ctx.save_for_backward(cos, sin, position_ids)
     ctx.rotary_dim, ctx.interleaved, ctx.backward = rotary_dim, interleaved, backward
 

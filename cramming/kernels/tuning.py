@@ -63,7 +63,7 @@ def shared_limit(device: torch.device) -> int:
         from triton.runtime import driver
 
         return int(driver.active.utils.get_device_properties(device.index or 0)["max_shared_mem"])
-    except Exception:  # an older Triton, or no driver: the vendor number for this compute capability
+    except Exception:  # noqa: BLE001  an older Triton, or no driver: the vendor number for this capability
         major, minor = torch.cuda.get_device_capability(device)
         return SHARED_PER_BLOCK.get(10 * major + minor, SHARED_PER_BLOCK[80])
 
