@@ -4,6 +4,7 @@ every task with every seed (and the random-init baseline) -> results.json, the C
 import hashlib
 import json
 import random
+import sys
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 from . import impl as impl_
@@ -18,9 +20,10 @@ from .atomic import write_atomic
 from .errors import UserError
 from .eval.config import EvalRunConfig, recipe_for
 from .eval.custom import load_custom_task
-from .eval.finetune import finetune
+from .eval.finetune import finetune, steps_per_run
 from .eval.report import append_csv, glue_summary, markdown_table, score_key, seed_statistics
-from .eval.tasks import HubUnreachable, load_task
+from .eval.tasks import GLUE_SET, HubUnreachable, load_task
+from .eval.weights import check_weights
 from .train.checkpoint import SUMMARY, is_complete
 
 
@@ -46,6 +49,7 @@ def check_checkpoint(path: Path):
         raise UserError(f"checkpoint {path} has no config.json: not a model folder")
     if not any((path / f).is_file() for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")):
         raise UserError(f"checkpoint {path} has no weights (model.safetensors): incomplete or still being written")
+    check_weights(path)
     try:
         model_config = AutoConfig.from_pretrained(path, trust_remote_code=True)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
@@ -66,20 +70,21 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
     tasks, skipped = [], {}
     if e.kind == "custom":
         tasks.append(load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type))
-    hub_down = None  # once the hub fails, do not wait for its time-outs again for every other task
+    hub_down, causes = None, []  # once the hub fails, do not wait for its time-outs again for every other task
     for name in e.tasks if e.kind == "glue" else []:
         try:
             if hub_down:
-                raise hub_down
+                raise HubUnreachable(name, hub_down.reason)
             tasks.append(load_task(name, e.data_dir))
         except UserError as err:
             if not e.skip_missing:
                 raise
             hub_down = err if isinstance(err, HubUnreachable) else hub_down
             skipped[name] = str(err)
+            causes.append(err.reason if isinstance(err, HubUnreachable) else str(err))
             print(f"skipping {name}: {err}", flush=True)
     if not tasks:
-        reasons = "; ".join(dict.fromkeys(skipped.values()))  # the hub being down is one reason, not one per task
+        reasons = "; ".join(dict.fromkeys(causes))  # the hub being down is one reason, not one per task
         raise UserError(f"no task could be loaded ({', '.join(skipped)}): {reasons}")
     if e.max_train_examples:
         for task in tasks:  # the same subset for every seed, so seeds differ only in fine-tuning
@@ -96,21 +101,44 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: bool, label: str):
+def comparability(config: EvalRunConfig, skipped: dict[str, str]) -> dict:
+    """Why these scores cannot stand beside published GLUE scores ({} when they can): only the whole GLUE task set,
+    every task loaded and trained on all its data, is comparable. Keys: skipped_tasks, max_train_examples,
+    tasks_left_out."""
+    e, why = config.eval, {}
+    if skipped:
+        why["skipped_tasks"] = list(skipped)
+    if e.max_train_examples is not None:
+        why["max_train_examples"] = e.max_train_examples
+    left_out = [t for t in GLUE_SET if t not in e.tasks] if e.kind == "glue" else []
+    if left_out:
+        why["tasks_left_out"] = left_out
+    return why
+
+
+def describe(why: dict) -> str:
+    """comparability's reasons in one line, for the printed note and the CSV."""
+    say = {"skipped_tasks": lambda v: f"skipped {', '.join(v)}",
+           "max_train_examples": lambda v: f"eval.max_train_examples={v}",
+           "tasks_left_out": lambda v: f"not in eval.tasks: {', '.join(v)}"}
+    return "; ".join(say[key](value) for key, value in why.items())
+
+
+def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: bool, label: str, progress):
     """Every task with every seed for one model; returns per-task records and the median main scores."""
     per_task, scores = {}, {}
     for task in tasks:
         recipe = recipe_for(config.eval, task.name)
         runs = [finetune(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
-                         f"{label} {task.name} seed {config.seed + i}") for i in range(config.eval.seeds)]
+                         f"{label} {task.name} seed {config.seed + i}", progress) for i in range(config.eval.seeds)]
         summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs]) for split in task.dev}
         per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
                                "train_examples": len(task.train), "source": task.source,
                                "recipe": asdict(recipe), "summary": summary, "runs": runs}
         for split, stats in summary.items():
             scores[score_key(task.name, split)] = stats["median"]
-            print(f"{label} {task.name}/{split}: {task.main_metric} {stats['median']:.2f} "
-                  f"(min {stats['min']:.2f}, max {stats['max']:.2f})", flush=True)
+            tqdm.write(f"{label} {task.name}/{split}: {task.main_metric} {stats['median']:.2f} "
+                       f"(min {stats['min']:.2f}, max {stats['max']:.2f})", file=sys.stdout)
     return per_task, scores
 
 
@@ -127,23 +155,29 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     models = {"pretrained": False} | ({"random-init": True} if config.eval.baseline == "random-init" else {})
-    comparable = config.eval.max_train_examples is None
+    why = comparability(config, skipped)
+    comparable = not why
     print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
-          f"on {runtime.device}" + ("" if comparable else " — max_train_examples set: NOT COMPARABLE to GLUE"),
+          f"on {runtime.device}" + ("" if comparable else f" — NOT COMPARABLE to GLUE ({describe(why)})"),
           flush=True)
 
     results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
                "models": {}}
     table_rows = {}
-    for label, random_init in models.items():
-        per_task, scores = finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init, label)
-        glue = glue_summary(scores, config.eval.include_wnli) if config.eval.kind == "glue" else None
-        results["models"][label] = {"tasks": per_task, "scores": scores, "glue": glue}
-        table_rows[label] = {**scores, **({"average": glue["average"]} if glue else {})}
+    steps = len(models) * config.eval.seeds * sum(steps_per_run(t, recipe_for(config.eval, t.name)) for t in tasks)
+    # One bar over every model, task, seed and epoch: the ETA is the whole evaluation's; `with` closes it on errors.
+    with tqdm(total=steps, desc="fine-tuning", unit="step", mininterval=2, dynamic_ncols=True) as progress:
+        for label, random_init in models.items():
+            per_task, scores = finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init, label,
+                                              progress)
+            glue = glue_summary(scores, config.eval.include_wnli) if config.eval.kind == "glue" else None
+            results["models"][label] = {"tasks": per_task, "scores": scores, "glue": glue}
+            table_rows[label] = {**scores, **({"average": glue["average"]} if glue else {})}
 
     results.update({
         "complete": True,
         "comparable": comparable,
+        "not_comparable_because": why,  # machine-readable: skipped_tasks, max_train_examples, tasks_left_out
         "checkpoint_sha256": file_sha256(checkpoint / "model.safetensors") if (checkpoint / "model.safetensors").exists() else None,
         "settings": asdict(config),
         "device": str(runtime.device),
@@ -155,13 +189,14 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     for label, row in table_rows.items():
         append_csv(Path(config.eval.results_table), {
             "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
-            "comparable": comparable, "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()},
+            "comparable": comparable, "not_comparable_because": describe(why), "seeds": config.eval.seeds,
+            **{k: round(v, 2) for k, v in row.items()},
             "results": str(path.resolve())})
     print()
     print(markdown_table(table_rows))
+    if not comparable:
+        print(f"(not comparable to published GLUE scores: {describe(why)})")
     for name, reason in skipped.items():
         print(f"(skipped {name}: {reason})")
-    if not comparable:
-        print(f"(eval.max_train_examples={config.eval.max_train_examples}: not comparable to published GLUE scores)")
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()

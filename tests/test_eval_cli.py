@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from conftest import REPO, last_line_path, needs_shared, one_line_error
 from cramming.errors import UserError
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=16"]
+MIN_PRETRAIN_STEPS = 20  # below this the real pretraining fixture (a busy machine) has taught nothing measurable
 
 
 def evaluate_in_process(*overrides, tmp_path):
@@ -43,6 +45,7 @@ def test_glue_subset_end_to_end(real_pretrain_run, tmp_path):
     path = last_line_path(result, "results: ")
     results = json.loads(path.read_text())
     assert results["complete"] is True and results["comparable"] is False
+    assert results["not_comparable_because"]["max_train_examples"] == 300
     assert len(results["checkpoint_sha256"]) == 64
     pretrained = results["models"]["pretrained"]
     for task, metric in (("sst2", "accuracy"), ("stsb", "pearson")):
@@ -50,7 +53,9 @@ def test_glue_subset_end_to_end(real_pretrain_run, tmp_path):
         assert entry["main_metric"] == metric and entry["train_examples"] == 300
         assert len(entry["runs"]) == 2 and len(entry["runs"][0]["curve"]) == 1
         stats = entry["summary"]["dev"]
-        assert stats["min"] <= stats["median"] <= stats["max"] and len(stats["values"]) == 2
+        per_seed = [run["final"]["dev"][metric] for run in entry["runs"]]
+        assert stats["values"] == per_seed and stats["median"] == statistics.median(per_seed)
+        assert (stats["min"], stats["max"]) == (min(per_seed), max(per_seed))
     assert set(pretrained["scores"]) == {"sst2", "stsb"}
     assert set(pretrained["glue"]["tasks_counted"]) == {"sst2", "stsb"}
     assert "| model | SST-2 | STS-B | avg |" in result.stdout and "not comparable" in result.stdout
@@ -58,23 +63,33 @@ def test_glue_subset_end_to_end(real_pretrain_run, tmp_path):
     assert len(rows) == 1 and rows[0]["model"] == "pretrained" and float(rows[0]["sst2"]) > 0
 
 
-def test_pretrained_beats_random_init_on_sst2(real_pretrain_run, tmp_path):
-    """What a minute of pretraining buys. Same fine-tuning budget (1,500 SST-2 examples, 3 epochs, seed 0) for
-    the pretrained tiny model and its random-init twin. Documented tolerance: the pretrained model must score
-    at least the baseline minus 1 point. Measured on this setup (2 seeds, a 2-minute pretraining): 55.7 vs 52.0;
-    the random-init model mostly stays at the majority class (50.9)."""
+def test_pretrained_beats_the_majority_class_on_sst2(real_pretrain_run, tmp_path):
+    """What a minute of pretraining buys. Same fine-tuning budget (1,500 SST-2 examples, 3 epochs, seed 0) for the
+    pretrained tiny model and its random-init twin. The pretrained model must beat the dev set's majority-class
+    rate (computed here from the file), which a model stuck on one class scores; the twin must differ from it (see
+    also test_eval_checks). Measured on a quiet 2-core machine: 55.7, the twin mostly at the majority class (50.9).
+    On a machine busy with other work the minute may give only a few optimizer steps: then there is nothing to
+    measure, and the test skips saying so."""
     glue = needs_shared("glue")
     run_dir, _ = real_pretrain_run
     result = run_eval(f"checkpoint={run_dir / 'checkpoint'}", f"eval.data_dir={glue}", "eval.tasks=[sst2]",
                       "eval.max_train_examples=1500", "eval.baseline=random-init", "impl=cpu",
                       "eval.recipe.epochs=3", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "| random-init |" in result.stdout
     results = json.loads(last_line_path(result, "results: ").read_text())
+    curves = [results["models"][m]["tasks"]["sst2"]["runs"][0]["curve"] for m in ("pretrained", "random-init")]
+    assert curves[0][0]["train_loss"] != curves[1][0]["train_loss"], curves
+    steps = json.loads((run_dir / "checkpoint" / "train_summary.json").read_text())["steps"]
+    if steps < MIN_PRETRAIN_STEPS:
+        pytest.skip(f"the pretraining fixture got {steps} optimizer steps in its minute (a busy machine), fewer "
+                    f"than the {MIN_PRETRAIN_STEPS} this test needs")
     pretrained = results["models"]["pretrained"]["scores"]["sst2"]
     baseline = results["models"]["random-init"]["scores"]["sst2"]
-    print(f"SST-2 accuracy: pretrained {pretrained:.2f}, random-init {baseline:.2f}")
-    assert pretrained >= baseline - 1.0, (pretrained, baseline)
-    assert "| random-init |" in result.stdout
+    labels = [line.rsplit("\t", 1)[1] for line in (glue / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
+    majority = 100 * max(labels.count("0"), labels.count("1")) / len(labels)
+    print(f"SST-2 accuracy: pretrained {pretrained:.2f}, random-init {baseline:.2f}, majority class {majority:.2f}")
+    assert pretrained > majority, (pretrained, majority)
 
 
 def test_custom_task_csv_and_lookup_by_name(smoke_checkpoint, tmp_path):
@@ -88,11 +103,13 @@ def test_custom_task_csv_and_lookup_by_name(smoke_checkpoint, tmp_path):
     shutil.copytree(smoke_checkpoint, runs / "mine" / "2026-01-01_00-00-00" / "checkpoint")
     result = run_eval("name=mine", f"runs_dir={runs}", "eval=custom", f"eval.train_file={tmp_path}/train.csv",
                       f"eval.dev_file={tmp_path}/dev.csv", "eval.text_fields=[review]", "eval.label_field=sentiment",
-                      *FAST, tmp_path=tmp_path)
+                      "eval.seeds=3", *FAST, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     task = results["models"]["pretrained"]["tasks"]["custom"]
-    assert task["main_metric"] == "accuracy" and 0 <= task["summary"]["dev"]["median"] <= 100
+    per_seed = [run["final"]["dev"]["accuracy"] for run in task["runs"]]
+    assert task["main_metric"] == "accuracy" and task["summary"]["dev"]["median"] == statistics.median(per_seed)
+    assert len(per_seed) == 3 and all(round(a / 10, 9).is_integer() for a in per_seed)  # 10 dev rows
     assert results["checkpoint"].endswith("mine/2026-01-01_00-00-00/checkpoint")
     assert "| model | custom | avg |" in result.stdout
 
@@ -177,6 +194,7 @@ def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
     results = json.loads(last_line_path(result, "results: ").read_text())
     assert set(results["models"]["pretrained"]["tasks"]) == {"rte"}
     assert "train.tsv" in results["skipped"]["qnli"] and "(skipped qnli:" in result.stdout
+    assert results["comparable"] is False and results["not_comparable_because"]["skipped_tasks"] == ["qnli"]
     # offline with no local folder: every task is skipped, and that is an error, not an empty result
     with pytest.raises(UserError, match="no task could be loaded.*eval.data_dir"):
         evaluate_in_process(f"checkpoint={smoke_checkpoint}", "eval.data_dir=null", "eval.tasks=[rte,cola]",

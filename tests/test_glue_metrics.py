@@ -106,3 +106,12 @@ def test_harmonic_mean_floor_and_partial_scores():
     assert glue_average({"wnli": 50.0})["tasks_counted"] == [] and math.isnan(glue_average({})["average"])
     with pytest.raises(ValueError, match="unknown GLUE score key.*mnli"):
         glue_average({"mnli": 80.0})
+
+
+def test_seed_statistics_report_the_median_of_the_seeds():
+    from cramming.eval.report import seed_statistics
+
+    stats = seed_statistics([70.0, 50.0, 60.0, 90.0])
+    assert stats["median"] == 65.0 and (stats["min"], stats["max"]) == (50.0, 90.0)
+    assert stats["std"] == pytest.approx(math.sqrt(((70 - 67.5) ** 2 + 17.5 ** 2 + 7.5 ** 2 + 22.5 ** 2) / 3))
+    assert stats["values"] == [70.0, 50.0, 60.0, 90.0] and seed_statistics([42.0])["std"] == 0.0

@@ -7,6 +7,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ImplConfig, check, check_choice
 from ..errors import UserError
+from .tasks import GLUE_SET
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Recipe:
 @dataclass
 class EvalConfig:
     kind: str = "glue"  # glue | custom
-    tasks: list[str] = field(default_factory=lambda: ["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte"])
+    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))
     data_dir: str | None = None  # a glue_data/ folder; null = the hub (nyu-mll/glue)
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
@@ -100,6 +101,7 @@ def validate_eval(c: EvalRunConfig) -> None:
         check(1 <= len(e.text_fields) <= 2, "eval.text_fields", e.text_fields, "give one or two text fields")
         if e.task_type is not None:
             check_choice("eval.task_type", e.task_type, ("classification", "regression"))
+    validate_impl(c.impl)
     for task in set(e.per_task) | {"*"}:
         if task != "*" and e.kind == "glue":
             check(task in e.tasks, f"eval.per_task.{task}", e.per_task[task], f"{task} is not in eval.tasks")
@@ -112,3 +114,16 @@ def validate_eval(c: EvalRunConfig) -> None:
         check(0 <= r.warmup_fraction < 1, f"{key}.warmup_fraction", r.warmup_fraction, "must be in [0, 1)")
         check(0 <= r.dropout < 1, f"{key}.dropout", r.dropout, "must be in [0, 1)")
         check_choice(f"{key}.schedule", r.schedule, SCHEDULES)
+
+
+def validate_impl(i) -> None:
+    """The impl keys eval.py reads (impl.resolve): without this, impl.precision=fp8 would quietly run as fp16."""
+    from .. import kernels  # noqa: F401  registers the Triton kernels by name
+    from ..model.attention import ATTENTION_KERNELS
+    from ..model.rotary import ROTARY_IMPLS
+
+    check_choice("impl.device", i.device, ("auto", "cuda", "cpu"))
+    check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
+    check_choice("impl.attention", i.attention, ("auto", *ATTENTION_KERNELS))
+    check_choice("impl.rotary", i.rotary, ("auto", *ROTARY_IMPLS))
+    check_choice("impl.loss", i.loss, ("auto", "fused", "plain"))

@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForSequenceClassification, get_scheduler
 
 from .metrics import compute_metrics
@@ -81,8 +80,32 @@ def predict(model, ids, pad_id, batch_size, device, autocast, regression: bool) 
     return out
 
 
+def train_step(model, inputs, labels, optimizer, scheduler, scaler, autocast, grad_clip) -> float:
+    """One optimizer step. Under fp16 the scaler keeps small gradients from flushing to zero and skips a step whose
+    gradients overflowed; for bf16 and fp32 it is disabled and passes everything through."""
+    with autocast():
+        loss = model(**inputs, labels=labels).loss
+    scaler.scale(loss).backward()
+    if grad_clip:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scale = scaler.get_scale()  # 1.0 when disabled
+    scaler.step(optimizer)
+    scaler.update()
+    if scaler.get_scale() >= scale:  # a step skipped for overflow (the scale was cut) does not advance the schedule
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def steps_per_run(task: TaskData, recipe) -> int:
+    """Optimizer steps of one fine-tuning run, for the overall progress bar."""
+    return math.ceil(len(task.train) / recipe.batch_size) * recipe.epochs
+
+
 def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runtime, random_init: bool,
-             label: str) -> dict:
+             label: str, progress=None) -> dict:
+    """`progress`: the run-wide tqdm bar (every task, seed and epoch), advanced per step and showing the loss."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     regression = task.label_names is None
@@ -93,28 +116,24 @@ def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runt
 
     model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
     optimizer = build_optimizer(model, recipe)
-    steps_per_epoch = math.ceil(len(train_ids) / recipe.batch_size)
-    total = steps_per_epoch * recipe.epochs
+    total = steps_per_run(task, recipe)
     scheduler = get_scheduler(SCHEDULES[recipe.schedule], optimizer, num_warmup_steps=int(recipe.warmup_fraction * total),
                               num_training_steps=total)
-    autocast, pad_id = runtime.autocast(), tokenizer.pad_token_id
+    autocast, pad_id, scaler = runtime.autocast(), tokenizer.pad_token_id, runtime.grad_scaler()
     curve = []
     for epoch in range(1, recipe.epochs + 1):
         model.train()
         losses = []
+        if progress is not None:
+            progress.set_description(f"{label} epoch {epoch}/{recipe.epochs}", refresh=False)
         started = time.perf_counter()
-        for batch in tqdm(length_buckets([len(r) for r in train_ids], recipe.batch_size, rng), leave=False,
-                          desc=f"{label} epoch {epoch}/{recipe.epochs}", mininterval=2):
+        for batch in length_buckets([len(r) for r in train_ids], recipe.batch_size, rng):
             inputs = collate([train_ids[i] for i in batch], pad_id, runtime.device)
-            with autocast():
-                loss = model(**inputs, labels=train_labels[batch].to(runtime.device)).loss
-            loss.backward()
-            if recipe.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+            losses.append(train_step(model, inputs, train_labels[batch].to(runtime.device), optimizer, scheduler,
+                                     scaler, autocast, recipe.grad_clip))
+            if progress is not None:
+                progress.set_postfix_str(f"loss {np.mean(losses[-50:]):.4f}", refresh=False)
+                progress.update(1)
         train_seconds = time.perf_counter() - started  # the training loop alone, for throughput (scripts/bench.py)
         scores = {split: compute_metrics(task.metric_names,
                                          predict(model, ids, pad_id, recipe.batch_size, runtime.device, autocast,

@@ -5,10 +5,14 @@ off (sentences hold literal `"`), so every line is split on tabs and nothing els
 Without a local folder the same tasks come from the hub dataset `nyu-mll/glue`.
 """
 
+import functools
 import logging
 import math
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import UserError
 from ..model.registry import Registry
@@ -55,6 +59,7 @@ class TaskSpec:
 
 
 GLUE_TASKS = Registry("GLUE task")
+GLUE_SET = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")  # the GLUE average's tasks (WNLI left out)
 _NLI2 = ("entailment", "not_entailment")
 _SPECS = [
     TaskSpec("cola", "CoLA", ("sentence",), "label", ("0", "1"), ("unacceptable", "acceptable"),
@@ -205,17 +210,64 @@ def _parse_label(spec: TaskSpec, raw: str, path: Path, number: int) -> int | flo
 class HubUnreachable(UserError):
     """The hub could not serve a task: the same is then true of every other task in this run."""
 
+    def __init__(self, task: str, reason: str):
+        self.reason = reason  # without the task's name, so a run with many tasks can say it once
+        super().__init__(f"{task}: {reason}")
+
+
+TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+PROBE_SECONDS = 3.0
+
+
+def offline_flag() -> str | None:
+    """The first of the Hugging Face offline variables that is set true, or None."""
+    return next((v for v in OFFLINE_VARIABLES if os.environ.get(v, "").upper() in TRUE_VALUES), None)
+
+
+def offline_reason() -> str | None:
+    """Why the hub cannot be asked, or None. Decided before the first request: offline, the hub client retries each
+    request for about 40 s (and logs every retry twice) before it gives up."""
+    flag = offline_flag()
+    return f"{flag}=1 is set" if flag else _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+
+
+@functools.cache
+def _probe(endpoint: str) -> str | None:
+    """One connection attempt per run, a few seconds at most: why the endpoint cannot be reached, or None."""
+    url = urlsplit(endpoint)
+    host, port = url.hostname or endpoint, url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+    except OSError as err:
+        return f"cannot connect to {host}:{port} ({err.strerror or type(err).__name__})"
+    return None
+
+
+def hub_cache_folder(spec: TaskSpec) -> Path | None:
+    """The datasets cache of this task (what `load_dataset` falls back on offline), or None if it has none."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    cache = Path(os.environ.get("HF_DATASETS_CACHE", os.path.join(home, "datasets"))).expanduser()
+    folder = cache / HUB_DATASET.replace("/", "___") / spec.name
+    return folder if any(p.is_dir() for p in folder.glob("*/*")) else None
+
 
 def _load_hub(spec: TaskSpec):
     """Download (or reuse the datasets cache) `nyu-mll/glue`; any failure there means: use local files."""
+    reason, cached = offline_reason(), hub_cache_folder(spec)
+    if reason and not (cached and offline_flag()):  # in offline mode, datasets reads its cache
+        fix = ", or set HF_HUB_OFFLINE=1 to use its cached copy" if cached else ""
+        raise HubUnreachable(spec.name, f"the hub dataset {HUB_DATASET!r} is unreachable ({reason})"
+                             f"{'' if cached else ' and not in the datasets cache'}; "
+                             f"pass eval.data_dir=<glue_data folder>{fix}")
     try:
         from datasets import load_dataset
 
         splits = load_dataset(HUB_DATASET, spec.name)
-    except Exception as err:
-        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(f"{spec.name}: the hub dataset {HUB_DATASET!r} is unreachable ({reason}); "
-                        f"offline, pass eval.data_dir=<glue_data folder>") from None
+    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
+        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+        raise HubUnreachable(spec.name, f"the hub dataset {HUB_DATASET!r} is unreachable ({detail}); "
+                             "offline, pass eval.data_dir=<glue_data folder>") from None
     hub_splits = {"train": "train"} | {split: hub for split, _, hub in spec.dev_splits}
     loaded = {split: _hub_examples(spec, splits[hub]) for split, hub in hub_splits.items()}
     train = loaded.pop("train")
