@@ -125,10 +125,35 @@ def check_no_missing(cfg) -> None:
         raise UserError(f"{missing[0]}=??? leaves the value missing; give {missing[0]}=<value> or drop the override")
 
 
+class _FlagError(Exception):
+    pass
+
+
+def flag_problem(argv: list[str]) -> str | None:
+    """Hydra's own flags (--cfg, --multirun, ...) go through argparse, whose errors print a usage block: parse
+    them first with the parser @hydra.main uses, and say what is wrong in one line."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def fail(message: str):
+        raise _FlagError(message)
+
+    parser.error = fail
+    try:
+        parser.parse_args(argv)
+    except _FlagError as err:
+        return str(err)
+    return None
+
+
 def run_entry(main, command: str) -> None:
     """Call a @hydra.main function; a composition error becomes one `error:` line and exit code 2."""
     from hydra.errors import HydraException
 
+    if problem := flag_problem(sys.argv[1:]):
+        print(f"error: {problem} (python {command} --help; Hydra's flags: --hydra-help)", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own traceback
         main()
         return

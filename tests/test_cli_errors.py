@@ -49,6 +49,8 @@ ARCHS = "bert-base, crammed-bert, crammed-bert-mini, crammed-bert-tiny, gpt-smal
     ("pretrain", "impl=cpu,gpu", ["impl=cpu,gpu", "-m"]),
     ("pretrain", "~nokey", ["~nokey", "no key nokey"]),
     ("pretrain", "eval=glue", ["eval is not a config group of pretrain.py", "arch, data, train, impl"]),
+    ("pretrain", "--cfg=jobb", ["--cfg", "invalid choice: 'jobb'", "choose from 'job', 'hydra', 'all'"]),
+    ("eval", "--multirunn", ["unrecognized arguments: --multirunn"]),
     ("eval", "eval=superglue", ["eval=superglue", "choose one of: custom, glue"]),
     ("eval", "arch=gpt-tiny", ["arch is not a config group of eval.py", "eval, impl"]),
     ("eval", "eval.taskz=[rte]", ["eval.taskz", "did you mean eval.tasks"]),
