@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from cramming.cli import CONF, group_options
-from conftest import REPO
 
 OWN = {"pretrain.py": ["arch", "data", "train", "impl"], "eval.py": ["eval", "impl"]}
 MISSING = object()
@@ -17,7 +17,7 @@ MISSING = object()
 
 @pytest.fixture(scope="module", params=sorted(OWN))
 def help_of(request):
-    result = subprocess.run([sys.executable, request.param, "--help"], cwd=REPO, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, request.param, "--help"], cwd=REPO, capture_output=True, text=True, check=False,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return request.param, result.stdout
@@ -60,3 +60,20 @@ def test_every_key_in_the_help_is_a_real_key(help_of):
             cfg = compose(config_name="eval", overrides=["eval=custom"])  # custom holds glue's keys and its own
     for key in keys:
         assert OmegaConf.select(cfg, key, default=MISSING) is not MISSING, key
+
+
+def test_readme_commands_run_inside_the_activated_venv():
+    """One way to run things: set up, `source .venv/bin/activate`, then plain `python` in every command shown."""
+    readme = (REPO / "README.md").read_text()
+    assert "`source .venv/bin/activate`" in readme
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)
+    commands = [line for block in blocks for line in block.splitlines() if "pretrain.py" in line or "eval.py" in line]
+    assert commands and all(line.startswith("python ") for line in commands), commands
+    assert "train=cpu-smoke" in next(line for line in commands if "data=local-text" in line)
+
+
+def test_readme_says_what_dedup_keeps():
+    """dedup.py keys on 8 bytes of the 16-byte digest, at 16-32 bytes of memory per document."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "16-byte hashes" not in readme
+    assert "8-byte keys of each document's 16-byte BLAKE2b digest, 16-32 bytes of memory per document" in readme
