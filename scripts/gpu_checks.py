@@ -144,8 +144,9 @@ def install_wheels(run: Run) -> str | None:
     fits = [w for w in wheels if parse_wheel_filename(w.name)[3] & here]
     skipped = [w.name for w in wheels if w not in fits]
     site = run.work / "site"
-    rc = run.step("wheels", [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                             "--no-index", "--no-deps", "--no-compile", "--target", str(site), *map(str, fits)], 120)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--root-user-action=ignore"]
+    rc = run.step("wheels", [*pip, "--no-index", "--no-deps", "--no-compile", "--target", str(site), *map(str, fits)],
+                  120)
     run.notes.append(f"wheels: {len(fits)} installed into {site}" + (f"; not for this python, left out: "
                                                                       f"{', '.join(skipped)}" if skipped else ""))
     return str(site) if rc == 0 else None
