@@ -22,6 +22,7 @@ from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
 from .errors import UserError
+from .kernels import autotune_seconds
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
@@ -243,6 +244,7 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
             "train": round(result["train_seconds"], 3),  # without compile and checkpoints: tokens_per_s's seconds
             "checkpoint": round(result["checkpoint_seconds"], 3),
             "eval": round(eval_seconds, 3),
+            "autotune": round(autotune_seconds(), 3),  # Triton kernels' compiling and autotuning: inside compile/train
         },
         "budget_hours": config.budget,
         "finished_at": datetime.now(timezone.utc).isoformat(),

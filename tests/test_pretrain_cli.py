@@ -18,7 +18,7 @@ def test_real_text_one_minute_budget_learns(real_pretrain_run, tmp_path):
     run_dir, result = real_pretrain_run
     checkpoint = str(last_line_path(result, "checkpoint: "))
     summary = json.loads((run_dir / "checkpoint" / "train_summary.json").read_text())
-    assert set(summary["wall_seconds"]) == {"setup", "compile", "train", "checkpoint", "eval"}
+    assert set(summary["wall_seconds"]) == {"setup", "compile", "train", "checkpoint", "eval", "autotune"}
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert len(records) >= summary["steps"] and records[-1]["val_loss"] == summary["val_loss"]

@@ -165,3 +165,13 @@ def test_tokens_per_s_is_tokens_over_the_reported_train_seconds(tmp_path):
     spent = summary["wall_seconds"]
     assert summary["steps"] == 5 and spent["compile"] > 0
     assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / spent["train"], rel=1e-3)
+
+
+def test_the_summary_reports_the_kernels_autotune_seconds(tmp_path, monkeypatch):
+    """wall_seconds.autotune is what the Triton wrappers counted (CPU runs tune nothing, so fake a count)."""
+    import cramming.pretraining
+
+    monkeypatch.setattr(cramming.pretraining, "autotune_seconds", lambda: 12.3456)
+    summary = pretrain(config_for(*TINY, "train.max_steps=2", "train.batch_size=8",
+                                  "train.schedule=step-constant"), tmp_path)
+    assert summary["wall_seconds"]["autotune"] == 12.346
