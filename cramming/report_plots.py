@@ -228,7 +228,8 @@ def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: fl
                 "token × tokens. Finished runs' numbers come from train_summary.json, incomplete runs' from their "
                 "last logged step. The same table, unformatted: `runs.csv`.")]
     if any(r.glue is not None and not r.glue_comparable for r in runs):
-        md += ["", "† a smoke-sized GLUE evaluation (eval.max_train_examples set): not comparable to published scores."]
+        md += ["", "† not comparable to published scores: a capped (eval.max_train_examples), partial or "
+               "skipped-task GLUE evaluation (results.json says why under not_comparable_because)."]
 
     md += ["", "## Loss curves", ""]
     if any(r.curve for r in runs):
