@@ -126,7 +126,7 @@ def check_no_missing(cfg) -> None:
 
 
 class _FlagError(Exception):
-    pass
+    """argparse refused one of Hydra's own flags (carried out of its exit so it becomes one line)."""
 
 
 def flag_problem(argv: list[str]) -> str | None:

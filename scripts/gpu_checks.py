@@ -12,6 +12,7 @@ interpreter), so the plumbing is tested where no GPU is.
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -120,10 +121,8 @@ def end_tree(child: subprocess.Popen) -> None:
         tree = []
     os.killpg(child.pid, signal.SIGKILL)
     for process in tree:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may have exited on its own meanwhile
             process.kill()
-        except psutil.NoSuchProcess:
-            pass
     child.wait()
 
 
