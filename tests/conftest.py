@@ -81,3 +81,24 @@ def one_line_error(result, *fragments):
     assert len(errors) == 1, result.stderr[-1500:]
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
+
+
+# The slow tier: every subprocess pretrain/eval, torchrun, DeepSpeed, Optuna, bench smoke and AOT compile.
+# `pytest -m "not slow"` is the loop to run while developing; .ci/run runs everything.
+SLOW_MODULES = {"test_eval_cli", "test_deepspeed", "test_distributed", "test_optuna", "test_bench",
+                "test_bench_kernels", "test_gpu_checks", "test_aot", "test_experiments", "test_pretrain_cli",
+                "test_sweep", "test_cli_errors", "test_help", "test_output", "test_eval_checks",
+                "test_checkpoint_tokenizer"}
+SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run",
+              "test_a_stop_signal_checkpoints_and_exits_75",
+              "test_pretrain_with_the_triton_kernels_matches_sdpa",
+              "test_compiled_model_keeps_the_triton_ops_in_one_graph", "test_cli_error_for_triton_without_a_gpu",
+              "test_compile_on_cpu", "test_peak_memory_does_not_grow_with_the_corpus",
+              "test_concurrent_builds_share_one_cache", "test_hf_round_trip_in_a_fresh_interpreter",
+              "test_causal_checkpoint_generates_in_a_fresh_interpreter"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -64,17 +64,18 @@ def test_glue_subset_end_to_end(real_pretrain_run, tmp_path):
 
 
 def test_pretrained_beats_the_majority_class_on_sst2(real_pretrain_run, tmp_path):
-    """What a minute of pretraining buys. Same fine-tuning budget (1,500 SST-2 examples, 3 epochs, seed 0) for the
-    pretrained tiny model and its random-init twin. The pretrained model must beat the dev set's majority-class
-    rate (computed here from the file), which a model stuck on one class scores; the twin must differ from it (see
-    also test_eval_checks). Measured on a quiet 2-core machine: 55.7, the twin mostly at the majority class (50.9).
-    On a machine busy with other work the minute may give only a few optimizer steps: then there is nothing to
-    measure, and the test skips saying so."""
+    """Fine-tuning from a minute-old checkpoint learns SST-2, and the random-init twin really is another model.
+    Same fine-tuning budget for both (1,500 SST-2 examples, 3 epochs, seed 0, lr 2e-4: a tiny model at Cramming's
+    4e-5 often stays on one class for this few steps). The pretrained model must beat the dev set's majority-class
+    rate (computed here from the file), which a model stuck on one class scores, by two points; the twin must
+    differ from it (see also test_eval_checks). What pretraining buys over the twin at a real budget is the record
+    run's question, not a one-minute test's. On a machine busy with other work the minute may give only a few
+    optimizer steps: then there is nothing to measure, and the test skips saying so."""
     glue = needs_shared("glue")
     run_dir, _ = real_pretrain_run
     result = run_eval(f"checkpoint={run_dir / 'checkpoint'}", f"eval.data_dir={glue}", "eval.tasks=[sst2]",
                       "eval.max_train_examples=1500", "eval.baseline=random-init", "impl=cpu",
-                      "eval.recipe.epochs=3", tmp_path=tmp_path)
+                      "eval.recipe.epochs=3", "eval.recipe.lr=2e-4", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| random-init |" in result.stdout
     results = json.loads(last_line_path(result, "results: ").read_text())
@@ -89,7 +90,7 @@ def test_pretrained_beats_the_majority_class_on_sst2(real_pretrain_run, tmp_path
     labels = [line.rsplit("\t", 1)[1] for line in (glue / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
     majority = 100 * max(labels.count("0"), labels.count("1")) / len(labels)
     print(f"SST-2 accuracy: pretrained {pretrained:.2f}, random-init {baseline:.2f}, majority class {majority:.2f}")
-    assert pretrained > majority, (pretrained, majority)
+    assert pretrained > majority + 2, (pretrained, majority)
 
 
 def test_custom_task_csv_and_lookup_by_name(smoke_checkpoint, tmp_path):

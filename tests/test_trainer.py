@@ -164,7 +164,9 @@ def test_tokens_per_s_is_tokens_over_the_reported_train_seconds(tmp_path):
                                   "train.schedule=step-constant"), tmp_path)
     spent = summary["wall_seconds"]
     assert summary["steps"] == 5 and spent["compile"] > 0
-    assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / spent["train"], rel=1e-3)
+    # wall_seconds are rounded to 1 ms, so the quotient is only as exact as that rounding
+    fastest, slowest = summary["tokens"] / (spent["train"] - 5e-4), summary["tokens"] / (spent["train"] + 5e-4)
+    assert slowest <= summary["tokens_per_s"] <= fastest
 
 
 def test_the_summary_reports_the_kernels_autotune_seconds(tmp_path, monkeypatch):
