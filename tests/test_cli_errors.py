@@ -75,7 +75,7 @@ def test_full_error_still_gives_hydras_traceback(monkeypatch):
         run_entry(task, "pretrain.py")
 
 
-def test_a_bug_in_the_task_keeps_its_traceback(monkeypatch):
+def test_a_bug_in_the_task_keeps_its_traceback(monkeypatch, tmp_path):
     """Only composition errors become a line: an OmegaConf error raised by our own code is a bug to show."""
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError
@@ -85,7 +85,7 @@ def test_a_bug_in_the_task_keeps_its_traceback(monkeypatch):
         OmegaConf.set_struct(cfg, True)
         return cfg.no_such_attribute
 
-    monkeypatch.setattr(sys, "argv", ["pretrain.py", "hydra.output_subdir=null", "hydra.run.dir=."])
+    monkeypatch.setattr(sys, "argv", ["pretrain.py", "hydra.output_subdir=null", f"hydra.run.dir={tmp_path}"])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     with pytest.raises(ConfigAttributeError):
         run_entry(task, "pretrain.py")
