@@ -44,7 +44,7 @@ class BasicIndexing(TorchFunctionMode):
             elif isinstance(i, int):
                 x = torch.ops.aten.select.int(x, dim, i)
             else:
-                raise NotImplementedError(f"index {i!r} in a fake-CUDA test")
+                raise TypeError(f"the fake-CUDA indexing shim handles None, slices, ints and ...; got {i!r}")
         return x
 
 
