@@ -137,6 +137,7 @@ class TrainConfig:
     mask_prob: float = 0.25
     mask_token_share: float = 0.8  # of the masked positions: [MASK]; the rest split evenly random / unchanged
     validation_sequences: int = 2048
+    validate_every_minutes: float | None = None  # also validate during the run (clock paused); null = start and end
     log_every: int = 1
     tensorboard: bool = False
     wandb: str = "off"  # off | offline (files under <run>/wandb, no network) | online; needs the wandb extra
@@ -326,6 +327,9 @@ def validate(c: PretrainConfig) -> None:
     check(0 < t.mask_prob < 1, "train.mask_prob", t.mask_prob, "must be in (0, 1)")
     check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
     check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
+    if t.validate_every_minutes is not None:
+        check(t.validate_every_minutes > 0, "train.validate_every_minutes", t.validate_every_minutes,
+              "must be > 0 or null")
     check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
     if t.seq_schedule:
         check_seq_schedule(c)

@@ -26,7 +26,7 @@ from .kernels import autotune_seconds
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
-from .train.evaluate import validation_metrics
+from .train.evaluate import PeriodicValidation, validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
@@ -205,10 +205,15 @@ def _pretrain(config: PretrainConfig, run_dir, runtime, distributed, setup_start
     say(f"untrained validation loss {untrained['val_loss']:.4f}", flush=True)
 
     log = MetricsLog.for_run(run_dir, config) if distributed.main else SilentLog()
+    validation = None
+    if config.train.validate_every_minutes:
+        validation = PeriodicValidation(config.train.validate_every_minutes, lambda: validation_metrics(
+            eval_model, objective, folder, meta, config.train, val_batch, runtime.device, autocast))
     try:
         result = train(step_model, optimizer, batches, objective, meta, config.train, microbatch,
                        Budget(config.budget * 3600, config.train.max_steps), runtime.device, autocast,
-                       scaler, log, state, masks, checkpointer, distributed)
+                       scaler, log, state, masks, checkpointer, distributed, validation)
+        eval_seconds += validation.seconds if validation else 0.0
         eval_start = time.time()
         final = validation_metrics(eval_model, objective, folder, meta, config.train, val_batch, runtime.device,
                                    autocast)

@@ -319,3 +319,18 @@ def test_bar_is_closed_when_finetuning_fails(smoke_checkpoint, tmp_path, monkeyp
         evaluate_in_process(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={glue}", "eval.tasks=[rte]", *FAST,
                             tmp_path=tmp_path)
     assert len(bars) == 1 and bars[0].was_closed
+
+
+@pytest.mark.parametrize("kind", ["glue", "custom"])
+@pytest.mark.parametrize("override", ["eval.per_task={rte: {epochs: 10, lr: 1e-4}}",
+                                      "+eval.per_task.rte.epochs=10"])
+def test_per_task_recipes_compose_from_the_command_line(kind, override):
+    """The README's form (a dict) and Hydra's append form both reach the task's recipe; other tasks keep theirs."""
+    from cramming.eval.config import recipe_for
+
+    extra = ["eval.train_file=a.csv", "eval.dev_file=b.csv"] if kind == "custom" else []
+    config = eval_config("checkpoint=x", f"eval={kind}", "eval.tasks=[rte,cola]" if kind == "glue" else "eval.tasks=[custom]",
+                         override if kind == "glue" else override.replace("rte", "custom"), *extra)
+    task = "rte" if kind == "glue" else "custom"
+    assert recipe_for(config.eval, task).epochs == 10
+    assert recipe_for(config.eval, "cola").epochs == 5

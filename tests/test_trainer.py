@@ -39,7 +39,7 @@ def sanity_data(tmp_path_factory):
 
 
 def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-never-written", precision="fp32",
-        log=None, save_first=False):
+        log=None, save_first=False, validation=None):
     """Train a tiny model in-process; `save_first` writes a checkpoint before the first step (as pretraining does
     for train.nonfinite=rollback)."""
     folder, meta = data
@@ -60,7 +60,7 @@ def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-nev
     if save_first:
         checkpointer.save(model, optimizer, scaler, state)
     result = train(model, optimizer, batches, objective, meta, train_cfg, microbatch, budget, cpu,
-                   runtime.autocast(), scaler, log, state, masks, checkpointer)
+                   runtime.autocast(), scaler, log, state, masks, checkpointer, validation=validation)
     return result, log.records
 
 
@@ -81,6 +81,40 @@ def test_max_steps_and_logging(sanity_data):
     assert result["tokens"] == sum(r["batch_size"] for r in records) * 32
     for key in ("loss", "lr", "batch_size", "tokens", "tokens_per_s", "elapsed_s", "grad_norm"):
         assert key in records[0]
+
+
+def test_periodic_validation_pauses_the_budget_clock(sanity_data):
+    """train.validate_every_minutes: a validation each time the clock passes another interval, logged as an event
+    with the clock it was taken at; the time it takes is not budget time."""
+    import time
+
+    from cramming.train.evaluate import PeriodicValidation
+
+    def measure():
+        time.sleep(0.5)  # slower than the interval: a clock that kept running would fit far fewer in
+        return {"val_loss": 1.0}
+
+    validation = PeriodicValidation(0.3 / 60, measure)  # every 0.3 s of budget
+    cfg = TrainConfig(batch_size=8, batch_ramp=0.0)
+    started = time.perf_counter()
+    result, records = run(sanity_data, Budget(seconds=2.0), cfg, validation=validation)
+    wall = time.perf_counter() - started
+    events = [r for r in records if r.get("event") == "validation"]
+    assert len(events) >= 4  # 2 s / 0.3 s intervals, minus the step that may straddle two
+    assert all(e["val_loss"] == 1.0 and e["step"] > 0 and e["tokens"] > 0 for e in events)
+    clocks = [e["elapsed_s"] for e in events]
+    assert all(b - a >= 0.3 - 0.05 for a, b in zip(clocks, clocks[1:])) and clocks[-1] < 2.0
+    assert validation.seconds >= 0.5 * len(events)
+    assert wall >= 2.0 + validation.seconds - 0.1  # the budget was trained in full on top of the validations
+    assert result["train_seconds"] < 2.0 + 0.5  # and the budget clock did not count them
+
+
+def test_periodic_validation_resumes_from_the_saved_clock():
+    from cramming.train.evaluate import PeriodicValidation
+
+    validation = PeriodicValidation(1.0, lambda: {})  # every 60 s
+    assert not validation.due(130.0)  # resumed at 2 min 10 s: the next one is at 3 min, not at once
+    assert not validation.due(179.0) and validation.due(181.0) and not validation.due(200.0)
 
 
 def test_loss_goes_down(sanity_data):

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ImplConfig, check, check_choice
@@ -59,6 +59,9 @@ class EvalRunConfig:
 
 
 def load_eval_config(cfg: DictConfig) -> EvalRunConfig:
+    if "eval" in cfg and cfg.eval.get("per_task", {}) is None:  # null in the YAML, so that
+        with open_dict(cfg):  # eval.per_task={rte: {epochs: 10}} may add keys Hydra's struct mode would refuse
+            cfg.eval.per_task = {}
     try:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalRunConfig), cfg))
     except OmegaConfBaseException as err:

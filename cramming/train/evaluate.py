@@ -29,3 +29,23 @@ def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: in
         count += targets.numel()
     model.train(was_training)
     return {"val_loss": total_loss / count, "val_accuracy": correct / count, "val_predicted_tokens": count}
+
+
+class PeriodicValidation:
+    """train.validate_every_minutes: the validation loss during the run, for loss-by-time curves and time-to-loss.
+    It is due each time the budget clock passes another multiple of the interval; the clock pauses while it
+    runs, so validating costs wall time but no training. `measure` returns validation_metrics' dict."""
+
+    def __init__(self, every_minutes: float, measure):
+        self.every = every_minutes * 60
+        self.measure = measure
+        self.passed = None  # intervals the clock had passed at the last check
+        self.seconds = 0.0  # wall time spent validating (the summary's wall_seconds.eval)
+
+    def due(self, elapsed: float) -> bool:
+        """From the agreed clock, so every rank decides the same; a resumed run goes on from its clock."""
+        passed = int(elapsed // self.every)
+        if self.passed is None:
+            self.passed = passed
+        due, self.passed = passed > self.passed, max(passed, self.passed)
+        return due

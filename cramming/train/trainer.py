@@ -45,12 +45,13 @@ def set_learning_rate(optimizer, factor: float) -> None:
 
 
 def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatch_size: int, budget: Budget,
-          device, autocast, scaler, log, state, masks, checkpointer, distributed=None) -> dict:
+          device, autocast, scaler, log, state, masks, checkpointer, distributed=None, validation=None) -> dict:
     """Train from `state` (fresh or resumed) until the budget is spent. Raises RunStopped on a stop signal
     (after checkpointing) or when train.nonfinite gives up.
 
     `batches` yields global microbatches (microbatch_size x world rows) of which this rank takes its slice;
-    `masks` draws each microbatch's masks from its position in the stream."""
+    `masks` draws each microbatch's masks from its position in the stream; `validation`, a PeriodicValidation
+    or None, measures the validation loss between steps with the budget clock paused."""
     distributed = distributed or Distributed()
     world, rank = distributed.world, distributed.rank
     deepspeed = distributed.engine == "deepspeed"  # the engine steps: DeepSpeed reduces, clips and checks
@@ -138,6 +139,14 @@ def train(model, optimizer, batches, objective, meta: dict, cfg_train, microbatc
                     raise RunStopped(f"stopped by {stop.signal or 'a signal to another rank'} at step {state.step}; "
                                      f"{saved_line(saved, checkpointer)}; run the same command again to resume "
                                      "(train.resume=auto)", EXIT_PREEMPTED)
+            if validation is not None and validation.due(state.elapsed):
+                paused = time.perf_counter()
+                record = validation.measure()
+                spent = time.perf_counter() - paused
+                start += spent  # the budget clock stops while validating
+                validation.seconds += spent
+                log.log({"step": state.step, "event": "validation", "tokens": state.tokens,
+                         "elapsed_s": round(state.elapsed, 3), **record})
             bar.n = round(100 * budget.fraction(state.elapsed, state.step), 1)
             bar.refresh()
         bar.n = 100
