@@ -8,7 +8,7 @@ try:
 
     from cramming.cli import run_entry
     from cramming.config import load_config
-    from cramming.distributed import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
+    from cramming.engines import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
     from cramming.errors import EXIT_USER_ERROR
     from cramming.pretraining import pretrain
     from cramming.sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job

@@ -152,7 +152,7 @@ class TrainConfig:
 
 @dataclass
 class DeepSpeedConfig:
-    """Read under impl.distributed=deepspeed (cramming/deepspeed_engine.py)."""
+    """Read under impl.distributed=deepspeed (cramming/engines/deepspeed.py)."""
     zero_stage: int = 1  # 0 | 1 (optimizer state sharded) | 2 (and gradients)
     onebit_adam: bool = False  # DeepSpeed's 1-bit Adam instead of train.optim: needs zero_stage=0 and CUDA
     freeze_step: int = 1000  # 1-bit Adam: steps of plain Adam (the variance warm-up) before compressing
@@ -219,7 +219,7 @@ def validate(c: PretrainConfig) -> None:
     from .data.local_text import check_encoding
     from .data.sources import SOURCES
     from .data.tokenizer import TOKENIZER_KINDS
-    from .distributed import ENGINES
+    from .engines import CHOICES as ENGINES
     from .model.attention import ATTENTION_KERNELS
     from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
@@ -228,6 +228,7 @@ def validate(c: PretrainConfig) -> None:
     from .model.positions import POSITIONS
     from .model.rotary import ROTARY_IMPLS
     from .train.optim import optimizer_problem
+    from .train.nonfinite import NONFINITE
     from .train.schedule import SCHEDULES, schedule_problem
 
     a, d, t, i = c.arch, c.data, c.train, c.impl
@@ -337,7 +338,7 @@ def validate(c: PretrainConfig) -> None:
         check(t.checkpoint_every_minutes > 0, "train.checkpoint_every_minutes", t.checkpoint_every_minutes,
               "must be > 0 or null")
     check(t.keep_checkpoints >= 1, "train.keep_checkpoints", t.keep_checkpoints, "must be >= 1")
-    check_choice("train.nonfinite", t.nonfinite, ("skip", "halt", "rollback"))
+    check_choice("train.nonfinite", t.nonfinite, NONFINITE)
     check(t.max_skipped >= 1, "train.max_skipped", t.max_skipped, "must be >= 1")
     check(0 < t.rollback_lr_factor <= 1, "train.rollback_lr_factor", t.rollback_lr_factor, "must be in (0, 1]")
     if t.tensorboard:

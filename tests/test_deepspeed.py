@@ -11,14 +11,14 @@ import types
 import pytest
 import torch
 from conftest import REPO
-from test_distributed import TINY, records, stop_one_rank, torchrun
+from test_distributed import TINY, Distributed, check_distributed, records, stop_one_rank, torchrun
 from test_resume import config_for, final_weights, logged_steps, poison  # noqa: F401  (a fixture)
 
-from cramming import deepspeed_engine, pretraining
-from cramming.distributed import Distributed, setup
+from cramming import pretraining
+from cramming.engines import deepspeed as deepspeed_engine
+from cramming.engines import setup
 from cramming.errors import RunStopped, UserError
 from cramming.impl import resolve
-from cramming.pretraining import check_distributed
 from cramming.train.resume import MARKER, load_weights
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,

@@ -15,10 +15,19 @@ from conftest import REPO
 from safetensors.torch import load_file
 from test_resume import config_for, logged_steps
 
-from cramming.distributed import Distributed, quiet_hydra_on_other_ranks
+from cramming.config import microbatch_size
+from cramming.engines import ENGINES, quiet_hydra_on_other_ranks
 from cramming.errors import UserError
 from cramming.impl import resolve
-from cramming.pretraining import check_distributed
+
+
+def Distributed(name: str, rank: int, world: int):
+    return ENGINES[name](rank=rank, world=world)
+
+
+def check_distributed(config, runtime, engine) -> None:
+    """What pretrain() asks the engine before any work."""
+    engine.check(config, runtime, microbatch_size(config))
 
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
         "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.validation_sequences=16", "data=sanity",

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from cramming.config import ArchConfig, DataConfig, TrainConfig
 from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
+from cramming.engines import Engine
 from cramming.errors import RunStopped, UserError
 from cramming.impl import Runtime
 from cramming.pretraining import build_model, pretrain
@@ -20,7 +21,7 @@ from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
 from cramming.train.resume import Checkpointer
 from cramming.train.state import TrainState
-from cramming.train.trainer import Budget, train
+from cramming.train.trainer import Budget, Trainer
 
 
 class ListLog:
@@ -59,8 +60,9 @@ def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-nev
     state = TrainState()
     if save_first:
         checkpointer.save(model, optimizer, scaler, state)
-    result = train(model, optimizer, batches, objective, meta, train_cfg, microbatch, budget, cpu,
-                   runtime.autocast(), scaler, log, state, masks, checkpointer, validation=validation)
+    trainer = Trainer(model, optimizer, scaler, Engine(), objective, masks, batches, checkpointer, log, train_cfg,
+                      meta, microbatch, budget, cpu, runtime.autocast(), validation)
+    result = trainer.fit(state)
     return result, log.records
 
 
@@ -112,7 +114,7 @@ def test_periodic_validation_pauses_the_budget_clock(sanity_data):
 def test_periodic_validation_resumes_from_the_saved_clock():
     from cramming.train.evaluate import PeriodicValidation
 
-    validation = PeriodicValidation(1.0, lambda: {})  # every 60 s
+    validation = PeriodicValidation(1.0, dict)  # every 60 s
     assert not validation.due(130.0)  # resumed at 2 min 10 s: the next one is at 3 min, not at once
     assert not validation.due(179.0) and validation.due(181.0) and not validation.due(200.0)
 

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from ..data.tokenizer import for_generation
+from ..engines import Engine
 from ..model import AUTO_MAP
 
 SUMMARY = "train_summary.json"
@@ -24,7 +25,7 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
     final = run_dir / "checkpoint"
     tmp = run_dir / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    model = Engine.unwrap(model)
     model.config.auto_map = dict(AUTO_MAP)
     in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
     try:

@@ -7,6 +7,7 @@ schedule(...) before each step, so groups with different peaks (Muon's matrices,
 
 import torch
 
+from ..engines import Engine
 from ..errors import UserError
 from ..model.registry import Registry
 from .lion import Lion
@@ -16,8 +17,7 @@ OPTIMIZERS = Registry("optimizer")
 
 def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer that cfg.optim.name names, over the trainable parameters of `model` (cfg: TrainConfig)."""
-    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
-    return OPTIMIZERS.get_or_explain(cfg.optim.name)(model, cfg)
+    return OPTIMIZERS.get_or_explain(cfg.optim.name)(Engine.unwrap(model), cfg)
 
 
 def optimizer_problem(name: str) -> str | None:

@@ -2,8 +2,8 @@
 
 A checkpoint is `checkpoints/step-<n>/` under the run directory: `state.pt` (model, optimizer, grad scaler, the
 trainer's TrainState with the data position and elapsed budget), `rng-<rank>.pt` (every RNG state of each
-process) and `COMPLETE`, written last. Under FSDP2 the model and optimizer are in `sharded/` instead, under
-DeepSpeed in the engine's own files (`deepspeed/`). It is written into `step-<n>.tmp/`, flushed to disk and only
+process) and `COMPLETE`, written last. An engine with state of its own (FSDP2's shards, DeepSpeed's partitions)
+writes it into its own sub-folder instead (Engine.state_folder). It is written into `step-<n>.tmp/`, flushed to disk and only
 then renamed, so a folder without the `.tmp` suffix and with its marker is whole; anything else (a run killed
 mid-write) is ignored and cleaned up.
 """
@@ -16,16 +16,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .. import deepspeed_engine
-from ..distributed import Distributed, unwrap
+from ..engines import ENGINES, Engine
 from ..errors import UserError
 from .state import TrainState, capture_rng, restore_rng
 
 MARKER = "COMPLETE"
-SHARDED = "sharded"  # FSDP2's model and optimizer shards, written by torch.distributed.checkpoint
 FINAL_SUMMARY = Path("checkpoint") / "train_summary.json"
 # Keys that may change between a run and its resumption without changing what is trained.
 RUNTIME_KEYS = {("train", "resume"), ("train", "checkpoint_every_minutes"), ("train", "keep_checkpoints"),
@@ -50,15 +46,15 @@ def _fsync_tree(folder: Path) -> None:
 
 
 class Checkpointer:
-    """Writes and finds checkpoints. Distributed: every rank writes its RNG state, FSDP2's shards go through
-    torch.distributed.checkpoint (`sharded/`), and rank 0 alone writes the rest, the marker and the rename."""
+    """Writes and finds checkpoints. Distributed: every rank writes its RNG state (and the engine's own files, if
+    it has any), and rank 0 alone writes the rest, the marker and the rename."""
 
     def __init__(self, run_dir: Path, every_minutes: float | None, keep: int, config: dict,
-                 distributed: Distributed | None = None):
+                 engine: Engine | None = None):
         self.folder = Path(run_dir) / "checkpoints"
         self.every = None if every_minutes is None else every_minutes * 60
         self.keep, self.config = keep, config
-        self.dist = distributed or Distributed()
+        self.dist = engine or Engine()
         self.last_save = time.perf_counter()
 
     def due(self) -> bool:
@@ -67,8 +63,7 @@ class Checkpointer:
     def save(self, model, optimizer, scaler, state: TrainState) -> Path | None:
         """Write a checkpoint, or return None without writing if any weight is not finite."""
         started = time.perf_counter()
-        engine, model = model, unwrap(model)
-        finite = torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()
+        finite = torch.stack([torch.isfinite(p).all() for p in self.dist.unwrap(model).parameters()]).all()
         if self.dist.agree(not bool(finite), device=finite.device)[0]:  # one sync; any rank's shard counts
             return None
         final = self.folder / f"step-{state.step:08d}"
@@ -78,13 +73,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         self.dist.barrier()
         saved = {"scaler": scaler.state_dict(), "state": state.to_dict(), "config": self.config}
-        if self.dist.engine == "fsdp2":
-            model_state, optimizer_state = get_state_dict(model, optimizer)
-            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / SHARDED)
-        elif self.dist.engine == "deepspeed":
-            deepspeed_engine.save(engine, tmp)
-        else:
-            saved.update(model=model.state_dict(), optimizer=optimizer.state_dict())
+        self.dist.save_state(model, optimizer, tmp, saved)
         if self.dist.main:
             torch.save(saved, tmp / "state.pt")
             (tmp / "config.json").write_text(json.dumps(self.config))  # read by find_resume, no tensors loaded
@@ -110,41 +99,40 @@ class Checkpointer:
         return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model, optimizer, scaler, distributed: Distributed | None = None) -> TrainState:
+def load_checkpoint(path: Path, model, optimizer, scaler, engine: Engine | None = None) -> TrainState:
     """Restore everything saved in `path` into the given objects; returns the trainer state."""
-    distributed = distributed or Distributed()
-    saved = load_weights(path, model, optimizer, scaler, distributed)
-    rng = Path(path) / f"rng-{distributed.rank}.pt"
+    engine = engine or Engine()
+    saved = load_weights(path, model, optimizer, scaler, engine)
+    rng = Path(path) / f"rng-{engine.rank}.pt"
     if rng.is_file():
         restore_rng(torch.load(rng, weights_only=False))
     else:  # resumed on more processes than wrote the checkpoint: the data and masks still continue exactly
-        print(f"{path} has no random state for rank {distributed.rank}; dropout draws start afresh", flush=True)
+        print(f"{path} has no random state for rank {engine.rank}; dropout draws start afresh", flush=True)
     return TrainState(**saved["state"])
 
 
-def load_weights(path: Path, model, optimizer, scaler, distributed: Distributed | None = None) -> dict:
-    """Model, optimizer and scaler (a rollback needs no more: the clock, data and RNG keep moving forward)."""
-    distributed = distributed or Distributed()
-    saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
-    engine, model = model, unwrap(model)
-    for folder, name in ((SHARDED, "fsdp2"), (deepspeed_engine.FOLDER, "deepspeed")):
-        written_with = (Path(path) / folder).is_dir()
-        if written_with != (distributed.engine == name):
+def check_written_alike(path: Path, engine: Engine) -> None:
+    """A checkpoint resumes under the engine whose own files it holds (or, holding none, under one without)."""
+    for name, kind in ENGINES.items():
+        if kind.state_folder is None:
+            continue
+        written_with = (Path(path) / kind.state_folder).is_dir()
+        if written_with != (engine.state_folder == kind.state_folder):
             raise UserError(f"{path} was written {'with' if written_with else 'without'} impl.distributed={name} "
                             "and must be resumed the same way")
-    if distributed.engine == "deepspeed":
+    if getattr(engine, "same_world_to_resume", False):
         written_by = json.loads((Path(path) / MARKER).read_text()).get("world")
-        if written_by != distributed.world:
-            raise UserError(f"{path} holds DeepSpeed's optimizer state in {written_by} ZeRO partitions; resume "
-                            f"it on {written_by} processes, not {distributed.world}")
-        deepspeed_engine.load(engine, path)
-    elif distributed.engine == "fsdp2":
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(path) / SHARDED)
-        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
-    else:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        if written_by != engine.world:
+            raise UserError(f"{path} holds {engine.name}'s optimizer state in {written_by} partitions; resume "
+                            f"it on {written_by} processes, not {engine.world}")
+
+
+def load_weights(path: Path, model, optimizer, scaler, engine: Engine | None = None) -> dict:
+    """Model, optimizer and scaler (a rollback needs no more: the clock, data and RNG keep moving forward)."""
+    engine = engine or Engine()
+    saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    check_written_alike(path, engine)
+    engine.load_state(model, optimizer, path, saved)
     scaler.load_state_dict(saved["scaler"])
     return saved
 

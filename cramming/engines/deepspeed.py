@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
+from .base import uncompiled
+from .torchrun import Torchrun
 
 FOLDER = "deepspeed"  # inside a checkpoint: the engine's own files (weights, each rank's optimizer partition)
 INSTALL = "pip install 'cramming[deepspeed]'"
@@ -148,3 +150,48 @@ def full_weights(engine) -> dict[str, torch.Tensor]:
         value = value if master is None else master
         weights[name] = value.detach().float().cpu() if value.is_floating_point() else value.cpu()
     return weights
+
+
+class DeepSpeed(Torchrun):
+    name = "deepspeed"
+    state_folder = FOLDER
+    same_world_to_resume = True  # each rank's ZeRO partition of the optimizer state is its own file
+
+    @classmethod
+    def join(cls, device_type: str) -> "DeepSpeed":
+        require()  # before any process group: a missing package is one line, not a hang on the other ranks
+        return super().join(device_type)
+
+    def problem(self, config, runtime, microbatch: int | None) -> str | None:
+        return problem(config, runtime, microbatch) or super().problem(config, runtime, microbatch)
+
+    def prepare(self, model, optimizer, config, runtime, microbatch: int):
+        """The engine holds (and shards) the optimizer, and scales fp16 itself: our grad scaler stays off."""
+        model, optimizer = initialize(model, optimizer, config, runtime, microbatch, self)
+        return model, optimizer, torch.amp.GradScaler(runtime.device.type, enabled=False)
+
+    def compile(self, model):
+        model.compile()  # in place: the engine keeps its own methods (backward, step)
+        return model
+
+    def no_sync(self, model, last_microbatch: bool):
+        """DeepSpeed reduces at the boundary we mark, before the forward pass."""
+        uncompiled(model).set_gradient_accumulation_boundary(last_microbatch)
+        return contextlib.nullcontext()
+
+    def backward(self, model, loss: torch.Tensor, scaler) -> None:
+        model.backward(loss, scale_wrt_gas=False)  # already divided by our accumulation
+
+    def step(self, model, optimizer, scaler, step_loss: torch.Tensor, grad_clip) -> tuple[torch.Tensor, bool]:
+        return step(model, step_loss)  # the module's step(): DeepSpeed reduces, clips and checks
+
+    def save_state(self, model, optimizer, folder, saved: dict) -> None:
+        save(model, folder)
+
+    def load_state(self, model, optimizer, folder, saved: dict) -> None:
+        load(model, folder)
+
+    def whole_model(self, model, rebuild):
+        """The fp32 master weights, gathered from the ZeRO partitions (collective: every rank calls it)."""
+        weights = full_weights(model)
+        return rebuild(weights) if self.main else None

@@ -1,0 +1,78 @@
+"""PyTorch's FSDP2 (`fully_shard`): each block's parameters, gradients and optimizer state sharded over the ranks.
+Checkpoints go through torch.distributed.checkpoint, every rank writing its shards into `sharded/`."""
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from .base import uncompiled
+from .torchrun import Torchrun
+
+
+def blocks_of(model) -> list:
+    return list(getattr(model, model.base_model_prefix).layers)
+
+
+class FSDP2(Torchrun):
+    name = "fsdp2"
+    state_folder = "sharded"
+
+    def problem(self, config, runtime, microbatch: int | None) -> str | None:
+        if config.train.optim.name == "muon":
+            return ("train.optim.name=muon cannot run under impl.distributed=fsdp2: Muon orthogonalises whole "
+                    "matrices and FSDP2 gives each rank a shard; use ddp, or another optimizer")
+        if runtime.precision == "fp16":
+            return ("impl.precision=fp16 is not supported with impl.distributed=fsdp2 (its grad scaler would "
+                    "see only this rank's shard); use bf16")
+        if microbatch is None:
+            return ("impl.microbatch_size=auto cannot probe a sharded model (every rank would have to fail "
+                    "together); give impl.microbatch_size a number under impl.distributed=fsdp2")
+        return super().problem(config, runtime, microbatch)
+
+    def wrap(self, model, device: torch.device):
+        """`fully_shard` each block, then the root (embeddings and head)."""
+        from torch.distributed.fsdp import fully_shard
+
+        for block in blocks_of(model):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model, last_microbatch: bool):
+        model = uncompiled(model)
+        if not last_microbatch:
+            model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        """clip_grad_norm_ over sharded parameters returns a DTensor; its value is the global norm."""
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def save_state(self, model, optimizer, folder, saved: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.unwrap(model), optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / self.state_folder)
+
+    def load_state(self, model, optimizer, folder, saved: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model = self.unwrap(model)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / self.state_folder)
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+
+    def whole_model(self, model, rebuild):
+        """The shards gathered onto rank 0's CPU (collective: every rank calls it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.unwrap(model), options=options)
+        return rebuild(weights) if self.main else None
