@@ -220,6 +220,7 @@ def validate(c: PretrainConfig) -> None:
     from .data.sources import SOURCES
     from .data.tokenizer import TOKENIZER_KINDS
     from .engines import CHOICES as ENGINES
+    from .engines import settings_problem as engine_settings_problem
     from .model.attention import ATTENTION_KERNELS
     from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
@@ -368,16 +369,8 @@ def validate(c: PretrainConfig) -> None:
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
     check_choice("impl.distributed", i.distributed, ENGINES)
     check_choice("impl.loss", i.loss, ("auto", "fused", "plain"))
-    check(i.deepspeed.zero_stage in (0, 1, 2), "impl.deepspeed.zero_stage", i.deepspeed.zero_stage,
-          "choose 0, 1 (optimizer state sharded) or 2 (and gradients); stage 3 is what impl.distributed=fsdp2 does")
-    check(i.deepspeed.freeze_step >= 0, "impl.deepspeed.freeze_step", i.deepspeed.freeze_step, "must be >= 0")
-    if i.deepspeed.onebit_adam:
-        check(i.distributed == "deepspeed", "impl.deepspeed.onebit_adam", True,
-              "1-bit Adam is DeepSpeed's; set impl.distributed=deepspeed (or impl=deepspeed)")
-        check(i.deepspeed.zero_stage == 0, "impl.deepspeed.onebit_adam", True,
-              "DeepSpeed's 1-bit Adam does not combine with ZeRO; set impl.deepspeed.zero_stage=0")
-        check(t.optim.name == "adamw", "train.optim.name", t.optim.name,
-              "impl.deepspeed.onebit_adam replaces the optimizer with 1-bit Adam; leave train.optim.name=adamw")
+    if problem := engine_settings_problem(c):
+        raise UserError(problem)
 
 
 def check_seq_schedule(c: PretrainConfig) -> None:

@@ -22,7 +22,12 @@ CHOICES = ("auto", *ENGINES)  # impl.distributed; auto = ddp under torchrun, els
 UNDER_TORCHRUN = "ddp"  # what auto means under torchrun
 
 __all__ = ["CHOICES", "ENGINES", "Engine", "Torchrun", "env_rank", "launched_by_torchrun",
-           "quiet_hydra_on_other_ranks", "setup"]
+           "quiet_hydra_on_other_ranks", "settings_problem", "setup"]
+
+
+def settings_problem(config) -> str | None:
+    """Each engine's own config block (impl.deepspeed, ...), checked when the config is loaded."""
+    return next((p for engine in ENGINES.values() if (p := engine.settings_problem(config))), None)
 
 
 def setup(name: str, device_type: str) -> Engine:

@@ -32,7 +32,12 @@ class Engine:
         """For the model line: empty for one process."""
         return f", {self.name} on {self.world} processes" if self.active else ""
 
-    # ---- what it refuses, said before any work (the same on every rank, so all ranks stop)
+    # ---- what it refuses: its own settings when the config is loaded, the run's when it starts
+    @classmethod
+    def settings_problem(cls, config) -> str | None:
+        """The engine's own config block (impl.<name>), checked whichever engine is chosen."""
+        return None
+
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
         batch = config.train.batch_size
         if batch % self.world:

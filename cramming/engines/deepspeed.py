@@ -162,6 +162,27 @@ class DeepSpeed(Torchrun):
         require()  # before any process group: a missing package is one line, not a hang on the other ranks
         return super().join(device_type)
 
+    @classmethod
+    def settings_problem(cls, config) -> str | None:
+        ds, chosen = config.impl.deepspeed, config.impl.distributed
+        if ds.zero_stage not in (0, 1, 2):
+            return (f"impl.deepspeed.zero_stage={ds.zero_stage!r} is invalid: choose 0, 1 (optimizer state sharded) "
+                    "or 2 (and gradients); stage 3 is what impl.distributed=fsdp2 does")
+        if ds.freeze_step < 0:
+            return f"impl.deepspeed.freeze_step={ds.freeze_step!r} is invalid: must be >= 0"
+        if not ds.onebit_adam:
+            return None
+        if chosen != cls.name:
+            return ("impl.deepspeed.onebit_adam=True is invalid: 1-bit Adam is DeepSpeed's; set "
+                    "impl.distributed=deepspeed (or impl=deepspeed)")
+        if ds.zero_stage != 0:
+            return ("impl.deepspeed.onebit_adam=True is invalid: DeepSpeed's 1-bit Adam does not combine with ZeRO; "
+                    "set impl.deepspeed.zero_stage=0")
+        if config.train.optim.name != "adamw":
+            return (f"train.optim.name={config.train.optim.name!r} is invalid: impl.deepspeed.onebit_adam replaces "
+                    "the optimizer with 1-bit Adam; leave train.optim.name=adamw")
+        return None
+
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
         return problem(config, runtime, microbatch) or super().problem(config, runtime, microbatch)
 
