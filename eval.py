@@ -9,7 +9,7 @@ try:
     from cramming.cli import check_no_missing, run_entry
     from cramming.errors import exit_on_user_error
     from cramming.eval.config import load_eval_config
-    from cramming.evaluation import evaluate
+    from cramming.eval.recipe import evaluate
 except ModuleNotFoundError as missing:  # not the project's environment: say how to get it, in one line
     print(f"error: {missing.name} is not installed for {sys.executable}; run `bash scripts/setup.sh`, then "
           "`source .venv/bin/activate`", file=sys.stderr)

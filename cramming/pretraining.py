@@ -26,7 +26,7 @@ from .kernels import autotune_seconds
 from .model import PRETRAINING_HEADS, CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
-from .train.evaluate import PeriodicValidation, validation_metrics
+from .train.validation import PeriodicValidation, validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines

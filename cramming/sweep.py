@@ -44,7 +44,7 @@ def eval_after_config(config):
     from hydra.errors import HydraException
 
     from .eval.config import load_eval_config
-    from .evaluation import load_tasks
+    from .eval.recipe import load_tasks
 
     try:
         cfg = compose(config_name="eval", overrides=[f"checkpoint={os.devnull}", *config.eval_overrides])
@@ -77,7 +77,7 @@ def evaluate_after(eval_config, checkpoint: Path | None, run_dir: Path) -> dict 
     """None for a dryrun (no checkpoint): eval_after_config has checked the evaluation, nothing is evaluated."""
     if checkpoint is None:
         return None
-    from .evaluation import evaluate
+    from .eval.recipe import evaluate
 
     path = evaluate(replace(eval_config, checkpoint=str(checkpoint)), Path(run_dir) / "eval")
     return json.loads(Path(path).read_text())

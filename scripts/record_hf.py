@@ -11,7 +11,7 @@ learning rate of 5e-4 with 6 % warm-up (RoBERTa's small-model setting) instead o
 
 Measured exactly as ours is: the clock starts once the model is built, stops at the budget, and pauses while the
 validation loss is measured (every --validate-every minutes, on our validation sequences with our masks, through
-cramming.train.evaluate.validation_metrics). Writes <out>/metrics.jsonl, <out>/summary.json and <out>/checkpoint/
+cramming.train.validation.validation_metrics). Writes <out>/metrics.jsonl, <out>/summary.json and <out>/checkpoint/
 (save_pretrained plus the tokenizer, which eval.py fine-tunes like any checkpoint); summary.json comes last.
 """
 
@@ -65,7 +65,7 @@ class Validation:
     """Our validation loss on our validation sequences and masks, for any masked LM."""
 
     def __init__(self, train_cfg, folder, meta, batch_size: int):
-        from cramming.train.evaluate import validation_metrics
+        from cramming.train.validation import validation_metrics
         from cramming.train.objectives import build_objective
 
         objective = build_objective("mlm", train_cfg, meta, torch.device("cpu"))

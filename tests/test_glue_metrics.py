@@ -109,7 +109,7 @@ def test_harmonic_mean_floor_and_partial_scores():
 
 
 def test_seed_statistics_report_the_median_of_the_seeds():
-    from cramming.eval.report import seed_statistics
+    from cramming.eval.results import seed_statistics
 
     stats = seed_statistics([70.0, 50.0, 60.0, 90.0])
     assert stats["median"] == 65.0 and (stats["min"], stats["max"]) == (50.0, 90.0)

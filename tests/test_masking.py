@@ -52,7 +52,7 @@ def test_validation_masks_do_not_depend_on_the_microbatch(tmp_path):
     from cramming.data.prepare import prepare_data
     from cramming.impl import Runtime
     from cramming.pretraining import build_model
-    from cramming.train.evaluate import validation_metrics
+    from cramming.train.validation import validation_metrics
     from cramming.train.objectives import build_objective
 
     folder, meta = prepare_data(DataConfig(source="sanity", vocab_size=256, seq_length=32, max_chars=100_000,

@@ -90,7 +90,7 @@ def test_periodic_validation_pauses_the_budget_clock(sanity_data):
     with the clock it was taken at; the time it takes is not budget time."""
     import time
 
-    from cramming.train.evaluate import PeriodicValidation
+    from cramming.train.validation import PeriodicValidation
 
     def measure():
         time.sleep(0.5)  # slower than the interval: a clock that kept running would fit far fewer in
@@ -112,7 +112,7 @@ def test_periodic_validation_pauses_the_budget_clock(sanity_data):
 
 
 def test_periodic_validation_resumes_from_the_saved_clock():
-    from cramming.train.evaluate import PeriodicValidation
+    from cramming.train.validation import PeriodicValidation
 
     validation = PeriodicValidation(1.0, dict)  # every 60 s
     assert not validation.due(130.0)  # resumed at 2 min 10 s: the next one is at 3 min, not at once

@@ -15,16 +15,16 @@ import transformers
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from . import impl as impl_
-from .atomic import write_atomic
-from .errors import UserError
-from .eval.config import EvalRunConfig, recipe_for
-from .eval.custom import load_custom_task
-from .eval.finetune import finetune, steps_per_run
-from .eval.report import append_csv, glue_summary, markdown_table, score_key, seed_statistics
-from .eval.tasks import GLUE_SET, HubUnreachable, load_task
-from .eval.weights import check_weights
-from .train.checkpoint import SUMMARY, is_complete
+from .. import impl as impl_
+from ..atomic import write_atomic
+from ..errors import UserError
+from ..train.checkpoint import SUMMARY, is_complete
+from .config import EvalRunConfig, recipe_for
+from .custom import load_custom_task
+from .finetune import finetune, steps_per_run
+from .results import append_csv, glue_summary, markdown_table, score_key, seed_statistics
+from .tasks import GLUE_SET, HubUnreachable, load_task
+from .weights import check_weights
 
 
 def find_checkpoint(config: EvalRunConfig) -> Path:
