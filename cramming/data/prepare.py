@@ -191,6 +191,16 @@ def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
         for fh in files.values():
             fh.close()
 
+    stats = _enough_data(cfg, counts, tokens, dtype)
+    periods = PackedTokens(tmp / "train.bin", dtype, cfg.seq_length, tokenizer.cls_token_id).count_per_sequence(
+        tokenizer.convert_tokens_to_ids(".")
+    )
+    np.save(tmp / "train_periods.npy", periods)
+    return stats
+
+
+def _enough_data(cfg, counts: dict, tokens: dict, dtype) -> dict:
+    """The cache's statistics, or why the text left after dedup and filtering cannot make a run."""
     if counts["train_documents"] == 0:
         raise UserError(
             f"no training text left: {counts['documents_read']} documents read, {counts['duplicates']} duplicates, "
@@ -212,8 +222,4 @@ def _tokenize_and_pack(cfg, source, tokenizer, tmp: Path) -> dict:
             f"{stats['train_sequences']} / {stats['val_sequences']} sequences of {cfg.seq_length}; "
             "give more text, or raise data.validation_fraction"
         )
-    periods = PackedTokens(tmp / "train.bin", dtype, cfg.seq_length, tokenizer.cls_token_id).count_per_sequence(
-        tokenizer.convert_tokens_to_ids(".")
-    )
-    np.save(tmp / "train_periods.npy", periods)
     return stats
