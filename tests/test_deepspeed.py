@@ -16,7 +16,7 @@ from test_resume import config_for, final_weights, logged_steps, poison  # noqa:
 
 from cramming import pretraining
 from cramming.engines import deepspeed as deepspeed_engine
-from cramming.engines import setup
+from cramming.engines import Torchrun, setup
 from cramming.errors import RunStopped, UserError
 from cramming.impl import resolve
 from cramming.train.resume import MARKER, load_weights
@@ -93,7 +93,7 @@ def one_process(process_group, monkeypatch):
     """This pytest process as rank 0 of a torchrun world of one, so DeepSpeed runs in process."""
     for key, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(Distributed, "close", lambda self: None)  # the group outlives each run
+    monkeypatch.setattr(Torchrun, "close", lambda self: None)  # the group outlives each run
 
 
 NAN_RUN = [*TINY, *ENGINE, "train.max_steps=6", "train.batch_size=16", "impl.microbatch_size=16",
