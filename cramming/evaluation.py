@@ -27,6 +27,11 @@ from .eval.weights import check_weights
 from .train.checkpoint import SUMMARY, is_complete
 
 
+# eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
+# of a capped run fine-tunes on the same examples, so their scores differ by the fine-tuning alone.
+SUBSET_SEED = 0
+
+
 def find_checkpoint(config: EvalRunConfig) -> Path:
     """checkpoint=<folder> as given, or the newest complete checkpoint of run `name` (by finish time)."""
     if config.checkpoint:
@@ -89,7 +94,7 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
     if e.max_train_examples:
         for task in tasks:  # the same subset for every seed, so seeds differ only in fine-tuning
             if len(task.train) > e.max_train_examples:
-                task.train = random.Random(0).sample(task.train, e.max_train_examples)
+                task.train = random.Random(SUBSET_SEED).sample(task.train, e.max_train_examples)
     return tasks, skipped
 
 
