@@ -26,7 +26,6 @@ from .eval.tasks import GLUE_SET, HubUnreachable, load_task
 from .eval.weights import check_weights
 from .train.checkpoint import SUMMARY, is_complete
 
-
 # eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
 # of a capped run fine-tunes on the same examples, so their scores differ by the fine-tuning alone.
 SUBSET_SEED = 0
