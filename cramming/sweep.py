@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
@@ -41,7 +43,6 @@ def eval_after_config(config):
             raise UserError("sweep_objective=glue_average needs eval_after=true")
         return None
     from hydra import compose
-    from hydra.errors import HydraException
 
     from .eval.config import load_eval_config
     from .eval.recipe import load_tasks
@@ -200,26 +201,19 @@ class SweepOutcome(Callback):
             sys.exit(EXIT_SWEEP_FAILED)
 
 
-SWEEP_FUNCTIONS = ("choice(", "range(", "interval(", "glob(", "tag(")
-
-
-def is_swept(value: str) -> bool:
-    """A Hydra override value that expands to several jobs: a top-level comma, or a sweep function."""
-    if value.startswith(SWEEP_FUNCTIONS):
-        return True
-    depth, quote = 0, None
-    for char in value:
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-        elif char == "," and depth == 0:
-            return True
-    return False
+def fixed_keys(overrides: list[str]) -> list[str]:
+    """The keys that every job of a sweep sets the same way, hydra's own left out. An override Hydra cannot
+    parse is left to Hydra, which then reports it in its own words."""
+    parser = OverridesParser.create()
+    keys = []
+    for line in overrides:
+        try:
+            override = parser.parse_override(line)
+        except HydraException:
+            continue
+        if not override.is_hydra_override() and not override.is_sweep_override():
+            keys.append(override.key_or_group)  # what Hydra compares with override_dirname.exclude_keys
+    return keys
 
 
 def name_jobs_by_swept_keys(argv: list[str]) -> list[str]:
@@ -227,8 +221,7 @@ def name_jobs_by_swept_keys(argv: list[str]) -> list[str]:
     the fixed overrides are the same for every job and would make names too long for the file system."""
     if not {"-m", "--multirun"} & set(argv) or any("override_dirname.exclude_keys" in a for a in argv):
         return argv
-    fixed = [a.split("=", 1)[0].lstrip("+~") for a in argv[1:]
-             if "=" in a and not a.startswith(("hydra.", "hydra/")) and not is_swept(a.split("=", 1)[1])]
+    fixed = fixed_keys([a for a in argv[1:] if "=" in a and not a.startswith("-")])
     # beside the other overrides: argparse takes them as one run of positional arguments, flags around them
     position = next((i for i, a in enumerate(argv) if i and "=" in a and not a.startswith("-")), len(argv))
     exclude = f"hydra.job.config.override_dirname.exclude_keys=[{','.join(['name', *fixed])}]"

@@ -214,6 +214,20 @@ def test_only_the_whole_uncapped_task_set_is_comparable(smoke_checkpoint, tmp_pa
     assert why["max_train_examples"] == 4 and "skipped_tasks" not in why
 
 
+def test_the_capped_subset_is_the_same_for_every_seed(tmp_path):
+    """eval.max_train_examples takes the same random examples whatever the seed: scores then differ by the
+    fine-tuning alone."""
+    glue = fake_glue(tmp_path, ["rte"], train_rows=40)
+    subsets = []
+    for seed in (0, 7):
+        config = eval_config("checkpoint=/dev/null", f"eval.data_dir={glue}", "eval.tasks=[rte]",
+                             "eval.max_train_examples=10", f"seed={seed}")
+        (task,), _ = evaluation.load_tasks(config)
+        subsets.append([example.text_a for example in task.train])
+    assert subsets[0] == subsets[1] and len(set(subsets[0])) == 10
+    assert subsets[0] != [f"sentence {i} of sentence1" for i in range(10)]  # drawn, not the first rows
+
+
 def test_random_init_baseline_is_an_untrained_twin(smoke_checkpoint, tmp_path):
     """Same seed, data and recipe, so only the starting weights differ: were the checkpoint's weights loaded for
     both models, or for neither, the two runs would be the same on CPU, loss for loss."""

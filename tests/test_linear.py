@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from cramming.model.linear import LINEARS, expected_parameters, linear_problem
+from cramming.model.linear import LINEARS, BTTMoE, linear_problem
 
 SHAPES = [(16, 64), (64, 16), (24, 24)]
 # Kinds with their non-default settings worth covering; every kind also runs with its defaults.
@@ -23,6 +23,19 @@ def build(kind, in_features, out_features, seed=0, **args):
     return LINEARS[kind](in_features, out_features, **args)
 
 
+def expected_parameters(kind, in_features, out_features, bias=False, **args):
+    """The parameter count in closed form: the kind's own formula, plus the bias."""
+    return LINEARS[kind].count_parameters(in_features, out_features, **args) + (out_features if bias else 0)
+
+
+def dense_weight_for(layer, x):
+    """The matrix applied to each token of x: the same for every token, except that btt-moe mixes its experts'
+    matrices by each token's gates."""
+    if isinstance(layer, BTTMoE):
+        return torch.einsum("...e,eoi->...oi", layer.gates(x), layer.dense_weight())
+    return layer.dense_weight()
+
+
 def apply(weight, x):
     """weight (out, in) or per token (..., out, in) applied to x (..., in)."""
     return (weight @ x.unsqueeze(-1)).squeeze(-1)
@@ -37,7 +50,7 @@ def test_forward_is_the_materialised_matrix(kind, args, shape):
     x = torch.randn(2, 3, shape[0])
     y = layer(x)
     assert y.shape == (2, 3, shape[1])
-    torch.testing.assert_close(y, apply(layer.dense_weight_for(x), x) + layer.bias, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(y, apply(dense_weight_for(layer, x), x) + layer.bias, atol=1e-5, rtol=1e-5)
     y.square().sum().backward()
     assert all(p.grad is not None and p.grad.isfinite().all() for p in layer.parameters())
 
@@ -56,7 +69,7 @@ def test_init_gives_the_entry_std_of_a_dense_layer(kind, args):
     for seed in range(3):
         layer = build(kind, 64, 256, seed=seed, **args)
         layer.reset_parameters_(0.02, torch.nn.init.normal_)
-        weight = layer.dense_weight_for(torch.randn(8, 64))  # per token for btt-moe
+        weight = dense_weight_for(layer, torch.randn(8, 64))  # per token for btt-moe
         stds.append(weight.flatten(-2).std(dim=-1).mean().item())
     assert sum(stds) / len(stds) == pytest.approx(0.02, rel=0.25)
 

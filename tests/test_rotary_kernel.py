@@ -23,7 +23,7 @@ if not INTERPRET and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is not 1 and there is no GPU to compile for", allow_module_level=True)
 DEVICE = "cpu" if INTERPRET else "cuda"
 
-from cramming.kernels import apply_rotary_qk, apply_rotary_torch, apply_rotary_triton, rotary, rotary_cos_sin
+from cramming.kernels import apply_rotary_torch, apply_rotary_triton, rotary, rotary_cos_sin
 
 if INTERPRET and type(rotary._rotary_kernel).__name__ != "InterpretedFunction":
     pytest.skip("cramming.kernels was imported (by another test) before TRITON_INTERPRET=1 was set, so its kernel "
@@ -97,8 +97,8 @@ def test_head_dim_256_and_odd_rotary_dim_rounds_down():
 
 def test_qk_rotates_both_alike():
     q, cos, sin, pos = make(seq=6, head_dim=16, with_pos=True)
-    k = torch.randn(2, 1, 6, 16, device=DEVICE)  # fewer key heads (GQA) is fine: two launches
-    rq, rk = apply_rotary_qk(q, k, cos, sin, pos, interleaved=True)
+    k = torch.randn(2, 1, 6, 16, device=DEVICE)  # fewer key heads (GQA) is fine: one launch each
+    rq, rk = (apply_rotary_triton(t, cos, sin, pos, interleaved=True) for t in (q, k))
     torch.testing.assert_close(rq, apply_rotary_torch(q, cos, sin, pos, interleaved=True), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(rk, apply_rotary_torch(k, cos, sin, pos, interleaved=True), atol=1e-6, rtol=1e-6)
 

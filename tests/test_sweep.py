@@ -74,10 +74,11 @@ def test_eval_after_is_checked_before_training(tmp_path):
 
 
 def test_swept_values_are_told_from_fixed_ones():
-    from cramming.sweep import is_swept, name_jobs_by_swept_keys
+    from cramming.sweep import fixed_keys, name_jobs_by_swept_keys
 
-    assert is_swept("1,2") and is_swept("interval(0.1,0.2)") and is_swept("[a],[b]")
-    assert not is_swept("[local,global]") and not is_swept("'a,b'") and not is_swept("{x:1,y:2}")
+    swept = ["a=1,2", "b=interval(0.1,0.2)", "c=[a],[b]"]
+    fixed = ["d=[local,global]", "+e='a,b'", "~f={x:1,y:2}", "g@pkg=1"]
+    assert fixed_keys(swept + fixed + ["hydra.run.dir=d", "h=("]) == ["d", "e", "f", "g"]
     argv = ["pretrain.py", "-m", "arch.position=learned,rotary", "budget=0.1", "+experiment=x", "hydra.run.dir=d"]
     named = name_jobs_by_swept_keys(argv)
     assert named[2] == "hydra.job.config.override_dirname.exclude_keys=[name,budget,experiment]"

@@ -17,6 +17,10 @@ from .tasks import TaskData
 
 # eval.recipe.schedule -> transformers' scheduler name (each with the linear warm-up first)
 SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
+# Rows are sorted by length within windows of this many batches: batches pad little, yet stay mixed in order.
+BUCKET_BATCHES = 50
+# Dev batches are this many training batches: inference keeps no activations for a backward or optimizer state.
+PREDICT_BATCHES = 4
 
 
 def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
@@ -26,10 +30,10 @@ def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
 
 
 def length_buckets(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Shuffle, sort within windows of 50 batches by length, cut into batches, shuffle the batches."""
+    """Shuffle, sort within windows of BUCKET_BATCHES batches by length, cut into batches, shuffle the batches."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
-    window = batch_size * 50
+    window = batch_size * BUCKET_BATCHES
     batches = []
     for start in range(0, len(order), window):
         chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
@@ -72,8 +76,9 @@ def predict(model, ids, pad_id, batch_size, device, autocast, regression: bool) 
     model.eval()
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = np.empty(len(ids), dtype=np.float64 if regression else np.int64)
-    for start in range(0, len(order), batch_size * 4):
-        chunk = order[start:start + batch_size * 4]
+    step = batch_size * PREDICT_BATCHES
+    for start in range(0, len(order), step):
+        chunk = order[start:start + step]
         with autocast():
             logits = model(**collate([ids[i] for i in chunk], pad_id, device)).logits.float()
         out[chunk] = (logits[:, 0] if regression else logits.argmax(-1)).cpu().numpy()

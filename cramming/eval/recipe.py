@@ -26,6 +26,10 @@ from .results import append_csv, glue_summary, markdown_table, score_key, seed_s
 from .tasks import GLUE_SET, HubUnreachable, load_task
 from .weights import check_weights
 
+# eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
+# of a capped run fine-tunes on the same examples, so their scores differ by the fine-tuning alone.
+SUBSET_SEED = 0
+
 
 def find_checkpoint(config: EvalRunConfig) -> Path:
     """checkpoint=<folder> as given, or the newest complete checkpoint of run `name` (by finish time)."""
@@ -89,7 +93,7 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
     if e.max_train_examples:
         for task in tasks:  # the same subset for every seed, so seeds differ only in fine-tuning
             if len(task.train) > e.max_train_examples:
-                task.train = random.Random(0).sample(task.train, e.max_train_examples)
+                task.train = random.Random(SUBSET_SEED).sample(task.train, e.max_train_examples)
     return tasks, skipped
 
 

@@ -111,18 +111,6 @@ def load_task(name: str, data_dir: str | None) -> TaskData:
 # ---------------------------------------------------------------- local glue_data/ folder
 
 
-def read_task_file(name: str, path: str | Path) -> list[Example]:
-    """The labelled examples of one TSV of a task (e.g. a dev file whose train file is absent)."""
-    try:
-        spec = GLUE_TASKS.get_or_explain(name)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{name}: missing {path}")
-    return _read_tsv(spec, path)[0]
-
-
 def _load_local(spec: TaskSpec, data_dir: Path):
     folder = data_dir / spec.folder
     if not folder.is_dir():

@@ -9,10 +9,10 @@ import importlib.util
 
 from ..model.rotary import apply_rotary_torch, rotary_cos_sin  # the references, beside the kernels
 from .attention import flash_attention
-from .rotary import apply_rotary_qk, apply_rotary_triton
+from .rotary import apply_rotary_triton
 from .tuning import autotune_seconds
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
-__all__ = ["HAVE_TRITON", "apply_rotary_qk", "apply_rotary_torch", "apply_rotary_triton", "autotune_seconds",
-           "flash_attention", "rotary_cos_sin"]
+__all__ = ["HAVE_TRITON", "apply_rotary_torch", "apply_rotary_triton", "autotune_seconds", "flash_attention",
+           "rotary_cos_sin"]

@@ -7,7 +7,7 @@ buffers.
 
 import torch
 
-from ..model.rotary import ROTARY_IMPLS, apply_rotary_torch, rotary_dim_of
+from ..model.rotary import ROTARY_IMPLS, rotary_dim_of
 
 try:
     import triton
@@ -116,9 +116,3 @@ def apply_rotary_triton(x, cos, sin, position_ids=None, rotary_pct=1.0, interlea
         raise ValueError("x, cos, sin and position_ids must be on one device")
     return _rotary_op(x, cos.contiguous(), sin.contiguous(), position_ids, rotary_dim, interleaved, False)
 
-
-def apply_rotary_qk(q, k, cos, sin, position_ids=None, rotary_pct=1.0, interleaved=False, use_triton=True):
-    """Rotate queries and keys alike (two launches, so q and k may differ in head count, as with GQA)."""
-    fn = apply_rotary_triton if use_triton else apply_rotary_torch
-    return (fn(q, cos, sin, position_ids, rotary_pct, interleaved),
-            fn(k, cos, sin, position_ids, rotary_pct, interleaved))

@@ -57,12 +57,6 @@ def block_projections(config) -> dict[str, list[tuple[int, int]]]:
     return {"attention": [(h, 3 * h), (h, h)], "ffn": [(h, config.ffn_size), (ffn_in, h)]}
 
 
-def expected_parameters(kind: str, in_features: int, out_features: int, bias: bool = False, **args) -> int:
-    """The parameter count of a layer in closed form (the tests hold the built layers to it)."""
-    cls = LINEARS.get_or_explain(kind)
-    return cls.count_parameters(in_features, out_features, **args) + (out_features if bias else 0)
-
-
 def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -83,10 +77,6 @@ class LinearMethods:
     def factors(self) -> list[tuple[torch.Tensor, int]]:
         """The weight tensors in the order they are applied, each with its fan-in."""
         raise NotImplementedError
-
-    def dense_weight_for(self, x: torch.Tensor) -> torch.Tensor:
-        """The matrix applied to each token of x; the same for every token except in btt-moe."""
-        return self.dense_weight()
 
     def flops_per_token(self) -> int:
         # Every weight is used once per token (one multiply-add), as in a dense layer; Kronecker and MoE override.
@@ -369,11 +359,8 @@ class BTTMoE(Structured):
         return torch.einsum("...e,...eo->...o", self.gates(x), every_expert)
 
     def dense_weight(self):
-        """One matrix per expert, (experts, out, in); the matrix a token sees is dense_weight_for(x)."""
+        """One matrix per expert, (experts, out, in); a token sees their mix by its gates(x)."""
         return btt_materialise(list(self.cores))
-
-    def dense_weight_for(self, x):
-        return torch.einsum("...e,eoi->...oi", self.gates(x), self.dense_weight())
 
     def flops_per_token(self):
         return 2 * self.experts * self.in_features + self.experts_k * super().flops_per_token() // self.experts

@@ -41,6 +41,11 @@ def mask_tokens(
     return inputs, labels
 
 
+# A mask's generator seed is seed * 2**40 + position: each run seed owns 2**40 (about 10**12) stream positions, far
+# more than any run reaches, so two seeds never share a mask; seeds up to 2**24 keep it within torch's 64 bits.
+POSITION_BITS = 40
+
+
 class PositionalMasks:
     """Mask draws as a function of (seed, position in the training stream), not of a generator's history: a
     resumed run, and every rank of a distributed one, draw exactly the masks one uninterrupted process would,
@@ -51,4 +56,4 @@ class PositionalMasks:
         self.generator = torch.Generator(device=device)
 
     def at(self, position: int) -> torch.Generator:
-        return self.generator.manual_seed((self.seed << 40) + position)
+        return self.generator.manual_seed((self.seed << POSITION_BITS) + position)
