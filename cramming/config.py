@@ -224,12 +224,16 @@ def validate(c: PretrainConfig) -> None:
     from .model.attention import ATTENTION_KERNELS
     from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
+    from .model.inits import INITS
     from .model.linear import LINEARS, block_projections, linear_problem
+    from .model.losses import LOSSES
     from .model.norms import NORMS
+    from .model.patterns import PATTERNS
     from .model.positions import POSITIONS
     from .model.rotary import ROTARY_IMPLS
-    from .train.optim import optimizer_problem
+    from .train.objectives import OBJECTIVES
     from .train.nonfinite import NONFINITE
+    from .train.optim import optimizer_problem
     from .train.schedule import SCHEDULES, schedule_problem
 
     a, d, t, i = c.arch, c.data, c.train, c.impl
@@ -244,7 +248,7 @@ def validate(c: PretrainConfig) -> None:
     check_choice("arch.activation", a.activation, ACTIVATIONS)
     check_choice("arch.norm", a.norm, NORMS)
     check_choice("arch.norm_position", a.norm_position, ("pre", "post"))
-    check_choice("arch.init", a.init, ("normal", "small", "megatron-scaled"))
+    check_choice("arch.init", a.init, INITS)
     check_choice("arch.linear", a.linear, LINEARS)
     for part in a.linear_on:
         check_choice("arch.linear_on", part, ("ffn", "attention"))
@@ -257,17 +261,6 @@ def validate(c: PretrainConfig) -> None:
                       f"{fan_in} -> {fan_out}: {problem}")
     check(a.init_std > 0, "arch.init_std", a.init_std, "must be > 0")
     check_choice("arch.position", a.position, POSITIONS)
-    head_dim = a.hidden_size // a.num_heads
-    if a.position == "rotary":
-        check(0 < a.rotary_pct <= 1, "arch.rotary_pct", a.rotary_pct, "must be in (0, 1]")
-        check(int(head_dim * a.rotary_pct) >= 2, "arch.rotary_pct", a.rotary_pct,
-              f"rotates no dimension pair of a {head_dim}-dim head; raise it")
-        check(a.rotary_base > 1, "arch.rotary_base", a.rotary_base, "must be > 1")
-        check(a.rotary_every >= 1, "arch.rotary_every", a.rotary_every, "must be >= 1 (1 = every attention block)")
-    if a.position == "rpe":
-        check(a.rpe_buckets >= 4, "arch.rpe_buckets", a.rpe_buckets, "must be >= 4")
-        check(a.rpe_max_distance >= a.rpe_buckets, "arch.rpe_max_distance", a.rpe_max_distance,
-              f"must be >= arch.rpe_buckets={a.rpe_buckets}")
     check(len(a.layout) > 0, "arch.layout", a.layout, "name at least one block kind")
     for kind in a.layout:
         check_choice("arch.layout", kind, BLOCKS)
@@ -278,27 +271,17 @@ def validate(c: PretrainConfig) -> None:
               f"longer than the gmlp spatial matrix (arch.max_seq_length={a.max_seq_length}); raise it")
     check(len(a.attention.pattern) > 0, "arch.attention.pattern", a.attention.pattern, "name at least one pattern")
     for pattern in a.attention.pattern:
-        check_choice("arch.attention.pattern", pattern, ("global", "local", "stepped", "topk"))
-    w = a.attention.window
-    if "local" in a.attention.pattern:
-        check(1 <= w <= d.seq_length, "arch.attention.window", w,
-              f"must be in [1, data.seq_length={d.seq_length}] for local attention")
-    if "stepped" in a.attention.pattern:
-        check(w >= 1 and d.seq_length % w == 0, "arch.attention.window", w,
-              f"stepped attention needs a block length that divides data.seq_length={d.seq_length}")
-    if "topk" in a.attention.pattern:
-        check(1 <= a.attention.topk <= d.seq_length, "arch.attention.topk", a.attention.topk,
-              f"must be in [1, data.seq_length={d.seq_length}]")
-    check_choice("arch.objective", a.objective, ("mlm", "clm"))
+        check_choice("arch.attention.pattern", pattern, PATTERNS)
+    for pattern in dict.fromkeys(a.attention.pattern):
+        refuse(PATTERNS[pattern].problem(c, d.seq_length))
+    check_choice("arch.objective", a.objective, OBJECTIVES)
     for key in ("hidden_dropout", "attention_dropout"):
         check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
 
     check_choice("data.source", d.source, SOURCES)
     check_encoding(d.encoding, d.encoding_errors)
     check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
-    if a.position in ("learned", "sinusoidal", "scaled-sinusoidal"):  # the schemes with a table of positions
-        check(d.seq_length <= a.max_seq_length, "data.seq_length", d.seq_length,
-              f"longer than the {a.position} position table (arch.max_seq_length={a.max_seq_length}); raise it")
+    refuse(POSITIONS[a.position].problem(c))  # after the gmlp check, whose message is the more specific one
     check(d.vocab_size >= 64, "data.vocab_size", d.vocab_size, "must be >= 64")
     check(0 < d.validation_fraction < 0.5, "data.validation_fraction", d.validation_fraction, "must be in (0, 0.5)")
     if d.filter_threshold is not None:
@@ -368,13 +351,20 @@ def validate(c: PretrainConfig) -> None:
               f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
     check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
     check_choice("impl.distributed", i.distributed, ENGINES)
-    check_choice("impl.loss", i.loss, ("auto", "fused", "plain"))
-    if problem := engine_settings_problem(c):
+    check_choice("impl.loss", i.loss, ("auto", *LOSSES))
+    refuse(engine_settings_problem(c))
+
+
+def refuse(problem: str | None) -> None:
+    """Stop on what a registered component refuses (its `problem`)."""
+    if problem:
         raise UserError(problem)
 
 
 def check_seq_schedule(c: PretrainConfig) -> None:
     """The curriculum's stages against the data, the batch and the architecture (see train/curriculum.py)."""
+    from .model.patterns import PATTERNS
+    from .model.positions import POSITIONS
     from .train.curriculum import sequence_length
 
     a, d, t = c.arch, c.data, c.train
@@ -392,15 +382,14 @@ def check_seq_schedule(c: PretrainConfig) -> None:
         tokens = sequence_length(d.seq_length, k)
         check(c.impl.microbatch_size == "auto" or microbatch_size(c) % k == 0, key, t.seq_schedule,
               f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a multiple of {k}")
-        if a.position in ("learned", "sinusoidal", "scaled-sinusoidal") or "gmlp" in a.layout:
+        if POSITIONS[a.position].table is not None or "gmlp" in a.layout:
             check(tokens <= a.max_seq_length, key, t.seq_schedule,
                   f"its {tokens}-token sequences are longer than arch.max_seq_length={a.max_seq_length} "
                   f"({a.position} positions{' and gmlp' if 'gmlp' in a.layout else ''} do not extrapolate); "
                   "raise it, or use rotary, alibi, rpe or none")
-        if "stepped" in a.attention.pattern:
-            check(tokens % a.attention.window == 0, key, t.seq_schedule,
-                  f"stepped attention needs a window dividing every length, and {tokens} is not divisible by "
-                  f"arch.attention.window={a.attention.window}")
+        for pattern in dict.fromkeys(a.attention.pattern):
+            problem = PATTERNS[pattern].problem(c, tokens, "the stage length")
+            check(problem is None, key, t.seq_schedule, f"a stage refused by arch.attention.pattern: {problem}")
 
 
 def curriculum_block(seq_schedule, seq_length: int) -> int:

@@ -177,6 +177,7 @@ def test_cache_dir_default_is_one_truth(monkeypatch):
 @pytest.mark.parametrize("cls,key,registry", [
     ("ArchConfig", "norm", "cramming.model.norms:NORMS"),
     ("ArchConfig", "position", "cramming.model.positions:POSITIONS"),
+    ("ArchConfig", "init", "cramming.model.inits:INITS"),
     ("ArchConfig", "ffn", "cramming.model.ffn:FFNS"),
     ("ArchConfig", "linear", "cramming.model.linear:LINEARS"),
     ("DataConfig", "source", "cramming.data.sources:SOURCES"),

@@ -123,10 +123,11 @@ def validate_impl(i) -> None:
     """The impl keys eval.py reads (impl.resolve): without this, impl.precision=fp8 would quietly run as fp16."""
     from .. import kernels  # noqa: F401  registers the Triton kernels by name
     from ..model.attention import ATTENTION_KERNELS
+    from ..model.losses import LOSSES
     from ..model.rotary import ROTARY_IMPLS
 
     check_choice("impl.device", i.device, ("auto", "cuda", "cpu"))
     check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
     check_choice("impl.attention", i.attention, ("auto", *ATTENTION_KERNELS))
     check_choice("impl.rotary", i.rotary, ("auto", *ROTARY_IMPLS))
-    check_choice("impl.loss", i.loss, ("auto", "fused", "plain"))
+    check_choice("impl.loss", i.loss, ("auto", *LOSSES))

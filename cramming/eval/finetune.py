@@ -7,16 +7,34 @@ do not pay for 128 positions; dev passes run under inference_mode.
 import math
 import random
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, get_scheduler
 
+from ..model.registry import Registry
 from .metrics import compute_metrics
 from .tasks import TaskData
 
-# eval.recipe.schedule -> transformers' scheduler name (each with the linear warm-up first)
-SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
+SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule
+
+
+@dataclass(frozen=True)
+class FinetuneSchedule:
+    """A linear warm-up, then the learning-rate shape transformers calls `transformers_name`."""
+
+    transformers_name: str
+
+    def build(self, optimizer, warmup_steps: int, total_steps: int):
+        return get_scheduler(self.transformers_name, optimizer, num_warmup_steps=warmup_steps,
+                             num_training_steps=total_steps)
+
+
+for _name, _transformers_name in (("cosine", "cosine"), ("linear", "linear"), ("constant", "constant_with_warmup")):
+    SCHEDULES.register(_name)(FinetuneSchedule(_transformers_name))
+
+
 # Rows are sorted by length within windows of this many batches: batches pad little, yet stay mixed in order.
 BUCKET_BATCHES = 50
 # Dev batches are this many training batches: inference keeps no activations for a backward or optimizer state.
@@ -122,8 +140,7 @@ def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runt
     model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
     optimizer = build_optimizer(model, recipe)
     total = steps_per_run(task, recipe)
-    scheduler = get_scheduler(SCHEDULES[recipe.schedule], optimizer, num_warmup_steps=int(recipe.warmup_fraction * total),
-                              num_training_steps=total)
+    scheduler = SCHEDULES.get_or_explain(recipe.schedule).build(optimizer, int(recipe.warmup_fraction * total), total)
     autocast, pad_id, scaler = runtime.autocast(), tokenizer.pad_token_id, runtime.grad_scaler()
     curve = []
     for epoch in range(1, recipe.epochs + 1):

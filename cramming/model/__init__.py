@@ -16,8 +16,17 @@ CrammedConfig.register_for_auto_class()
 CrammedForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 CrammedForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
-# The head each objective trains.
-PRETRAINING_HEADS = {"mlm": CrammedForMaskedLM, "clm": CrammedForCausalLM}
+
+
+def __getattr__(name: str):
+    """PRETRAINING_HEADS, the old name of the head each objective trains, now read from the objectives registry
+    (kept for cramming/pretraining.py; lazy, because cramming.train imports this package)."""
+    if name == "PRETRAINING_HEADS":
+        from ..train.objectives import OBJECTIVES
+
+        return {objective: cls.head for objective, cls in OBJECTIVES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AUTO_MAP",

@@ -12,8 +12,9 @@ from torch.nn import functional as F
 from .linear import build_linear
 from .masks import alibi_bias, alibi_slopes, visible_keys  # noqa: F401  (alibi_slopes: part of this API)
 from .norms import build_norm
+from .patterns import PATTERNS
+from .positions import POSITIONS
 from .registry import Registry
-from .rotary import ROTARY_IMPLS, rotary_cos_sin
 
 ATTENTION_KERNELS = Registry("attention kernel")
 
@@ -92,17 +93,12 @@ class SelfAttention(nn.Module):
         self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
-        self.causal = config.objective == "clm"
+        self.causal = config.causal
         pattern = config.attention_pattern[index % len(config.attention_pattern)]
-        self.window = config.attention_window if pattern == "local" else None
-        self.stepped = config.attention_window if pattern == "stepped" else None
-        self.topk = config.attention_topk if pattern == "topk" else None
-        self.alibi = config.position == "alibi"
-        self.rotary = None
-        if config.position == "rotary" and index % config.rotary_every == 0:
-            self.rotary = ROTARY_IMPLS.get_or_explain(config.rotary_impl)
-            self.rotary_pct, self.rotary_base = config.rotary_pct, config.rotary_base
-            self.rotary_interleaved = config.rotary_interleaved
+        self.pattern_args = PATTERNS.get_or_explain(pattern).kernel_args(config)  # window=, stepped=, topk=
+        positions = POSITIONS.get_or_explain(config.position)
+        self.alibi = positions.alibi
+        self.rotary = positions.rotation(config, index)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -113,11 +109,8 @@ class SelfAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = autocast_dtype(q, k, v)
         if self.rotary is not None:
-            rotary_dim = int(self.head_dim * self.rotary_pct) // 2 * 2
-            cos, sin = rotary_cos_sin(seq_len, rotary_dim, self.rotary_base, x.device, torch.float32)
-            q = self.rotary(q, cos, sin, None, self.rotary_pct, self.rotary_interleaved)
-            k = self.rotary(k, cos, sin, None, self.rotary_pct, self.rotary_interleaved)
+            q, k = self.rotary(q, k)
         dropout_p = self.dropout if self.training else 0.0
-        y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, window=self.window,
-                        alibi=self.alibi, dropout_p=dropout_p, stepped=self.stepped, topk=self.topk, bias=bias)
+        y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
+                        dropout_p=dropout_p, bias=bias, **self.pattern_args)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))

@@ -24,7 +24,7 @@ class TransformerBlock(nn.Module):
         self.norm2 = build_norm(config)
         self.ffn = FFNS.get_or_explain(config.ffn)(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.hidden_size, self.causal = config.hidden_size, config.objective == "clm"
+        self.hidden_size, self.causal = config.hidden_size, config.causal
 
     def flops_per_token(self, seq_len: int) -> int:
         """The projections (each layer counts its own structure), then the scores and the weighted sum:

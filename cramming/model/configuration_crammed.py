@@ -112,3 +112,8 @@ class CrammedConfig(PretrainedConfig):
             tie_word_embeddings=tie_embeddings,
             **kwargs,
         )
+
+    @property
+    def causal(self) -> bool:
+        """Attention sees only the past: the objective predicts the next token (`objective: clm`)."""
+        return self.objective == "clm"

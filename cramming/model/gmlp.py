@@ -29,7 +29,7 @@ class TinyAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * self.dim, bias=config.bias)
         self.out = nn.Linear(self.dim, out_features, bias=config.bias)
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
-        self.causal = config.objective == "clm"
+        self.causal = config.causal
 
     def flops_per_token(self, seq_len: int) -> int:
         """Its two plain projections, and one head of width dim attending over seq (halved when causal)."""
@@ -57,7 +57,7 @@ class GMLPBlock(nn.Module):
         self.tiny_attention = TinyAttention(config, half) if config.gmlp_attn_dim > 0 else None
         self.down = build_linear(config, "ffn", half, config.hidden_size)
         self.down.residual_output = True
-        self.causal = config.objective == "clm"
+        self.causal = config.causal
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def flops_per_token(self, seq_len: int) -> int:

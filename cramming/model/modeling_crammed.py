@@ -15,12 +15,12 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Maske
 
 from .block import BLOCKS
 from .configuration_crammed import CrammedConfig
-from .fused_loss import linear_cross_entropy
 from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
+from .inits import INITS
+from .losses import LOSSES
 from .norms import ScaleNorm, build_norm
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
-from .rpe import RelativePositionBias
 
 
 class CrammedPreTrainedModel(PreTrainedModel):
@@ -29,15 +29,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
 
     def init_std_for(self, module) -> float:
-        """arch.init: `normal` uses init_std everywhere; `small` uses sqrt(2 / (5 hidden)) (Nguyen & Salazar 2019);
-        `megatron-scaled` divides the std of each residual branch's output projection by sqrt(2 layers), so the
-        residual stream's variance does not grow with depth (Shoeybi et al. 2019)."""
-        c = self.config
-        if c.init == "small":
-            return (2 / (5 * c.hidden_size)) ** 0.5
-        if c.init == "megatron-scaled" and getattr(module, "residual_output", False):
-            return c.init_std / (2 * c.num_layers) ** 0.5
-        return c.init_std
+        """The std arch.init gives this module's weights (inits.py)."""
+        return INITS.get_or_explain(self.config.init).std(self.config, module)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -79,13 +72,14 @@ class CrammedModel(CrammedPreTrainedModel):
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
         self.tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.positions = POSITIONS.get_or_explain(config.position)(config)
+        positions = POSITIONS.get_or_explain(config.position)
+        self.positions = positions.embedding(config)
         self.embedding_norm = build_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(build_layers(config))
-        # T5's relative-position bias: one table shared by all layers, its bias computed once per forward
-        # (rpe_cache) or again in every layer.
-        self.rpe = RelativePositionBias(config) if config.position == "rpe" else None
+        # A score bias shared by all layers (T5's relative-position bias), computed once per forward (rpe_cache)
+        # or again in every layer. The name `rpe` is what saved checkpoints hold.
+        self.rpe = positions.score_bias(config)
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.post_init()
 
@@ -151,11 +145,8 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
             selected = labels != -100
             hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
             labels = labels[selected]
-        hidden = self.transform(hidden)
-        if self.training and self.config.loss_impl == "fused":  # no logits: they never exist in full
-            return MaskedLMOutput(loss=linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, labels))
-        logits = self.decoder(hidden)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+        loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(self.transform(hidden), self.decoder, labels,
+                                                                     self.training)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 
@@ -166,7 +157,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
 
     def __init__(self, config: CrammedConfig):
-        if config.objective != "clm":
+        if not config.causal:
             raise ValueError(f"this checkpoint was trained with objective {config.objective!r}, whose attention is "
                              "bidirectional; load it with AutoModelForMaskedLM")
         super().__init__(config)
@@ -193,10 +184,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
         # gradient backward, a tenth of a small model's CPU step.
         targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-        if self.training and self.config.loss_impl == "fused":  # no logits: they never exist in full
-            return CausalLMOutput(loss=linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets))
-        logits = self.decoder(hidden)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+        loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(hidden, self.decoder, targets, self.training)
         return CausalLMOutput(loss=loss, logits=logits)
 
 
@@ -215,7 +203,7 @@ class CrammedForSequenceClassification(CrammedPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused):
         hidden = self.encoder(input_ids, attention_mask).last_hidden_state
-        if self.config.objective == "clm":
+        if self.config.causal:
             last = (attention_mask.sum(1) - 1 if attention_mask is not None
                     else torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1))
             first = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]

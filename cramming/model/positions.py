@@ -1,7 +1,9 @@
-"""Position schemes by name (`arch.position`).
+"""Position schemes by name (`arch.position`): each knows what it adds to the model and builds it.
 
-Each takes the sequence length and returns a (seq_len, hidden) tensor to add to the token embeddings, or None
-for the schemes that act inside attention instead (rotary, alibi, rpe: see attention.py, rpe.py).
+A scheme adds at most one of: a table added to the token embeddings (learned, sinusoidal, scaled-sinusoidal),
+a score bias shared by the layers (rpe), a rotation of queries and keys (rotary), or a bias the attention kernels
+compute themselves (alibi, flagged by `alibi`). `none` adds nothing (NoPE). The model and the attention ask the
+scheme; a new scheme is one class here plus its registry line.
 """
 
 import math
@@ -9,7 +11,9 @@ import math
 import torch
 from torch import nn
 
-from .registry import Registry
+from .registry import Registry, invalid
+from .rotary import Rotation
+from .rpe import RelativePositionBias
 
 POSITIONS = Registry("position")
 
@@ -23,7 +27,6 @@ def sinusoid_table(length: int, dim: int) -> torch.Tensor:
     return table
 
 
-@POSITIONS.register("learned")
 class LearnedPositions(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -33,7 +36,6 @@ class LearnedPositions(nn.Module):
         return self.embedding.weight[:seq_len]
 
 
-@POSITIONS.register("sinusoidal")
 class SinusoidalPositions(nn.Module):
     """The fixed table of "Attention is all you need"."""
 
@@ -45,7 +47,6 @@ class SinusoidalPositions(nn.Module):
         return self.table[:seq_len]
 
 
-@POSITIONS.register("scaled-sinusoidal")
 class ScaledSinusoidalPositions(SinusoidalPositions):
     """Sinusoids times one learned scalar (Hua et al. 2022), initialised at 1/sqrt(hidden): Cramming's choice."""
 
@@ -57,10 +58,6 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
         return self.scale * self.table[:seq_len]
 
 
-@POSITIONS.register("none")
-@POSITIONS.register("rotary")
-@POSITIONS.register("alibi")
-@POSITIONS.register("rpe")
 class NoPositions(nn.Module):
     """Nothing added to the embeddings: no positions at all (NoPE), or positions applied in attention."""
 
@@ -68,4 +65,99 @@ class NoPositions(nn.Module):
         super().__init__()
 
     def forward(self, seq_len: int):
+        return None
+
+
+def register(name: str):
+    """Register one instance of the scheme class under `name`."""
+    def add(cls):
+        POSITIONS.register(name)(cls())
+        return cls
+
+    return add
+
+
+class PositionScheme:
+    """What every scheme answers; each hook returns None (or False) when the scheme does not use it."""
+
+    table = None  # the nn.Module class of a table added to the token embeddings (max_seq_length rows)
+    alibi = False  # the attention kernels add ALiBi's distance bias themselves (masks.py)
+
+    def embedding(self, config) -> nn.Module:
+        """What the embeddings add; a module that adds nothing when the scheme has no table."""
+        return (self.table or NoPositions)(config)
+
+    def score_bias(self, config) -> nn.Module | None:
+        """A module giving the (1, heads, seq, seq) bias added to every layer's scores, or None."""
+        return None
+
+    def rotation(self, config, index: int) -> Rotation | None:
+        """What rotates the queries and keys of attention block `index`, or None."""
+        return None
+
+    def problem(self, config) -> str | None:
+        """What this scheme refuses in a PretrainConfig, in one line for the user, or None."""
+        if self.table is not None and config.data.seq_length > config.arch.max_seq_length:
+            return invalid("data.seq_length", config.data.seq_length,
+                           f"longer than the {config.arch.position} position table "
+                           f"(arch.max_seq_length={config.arch.max_seq_length}); raise it")
+        return None
+
+
+@register("none")
+class NoPE(PositionScheme):
+    """No positions at all: attention alone cannot tell the order (a baseline, and fine for causal models)."""
+
+
+@register("learned")
+class Learned(PositionScheme):
+    table = LearnedPositions
+
+
+@register("sinusoidal")
+class Sinusoidal(PositionScheme):
+    table = SinusoidalPositions
+
+
+@register("scaled-sinusoidal")
+class ScaledSinusoidal(PositionScheme):
+    table = ScaledSinusoidalPositions
+
+
+@register("alibi")
+class ALiBi(PositionScheme):
+    alibi = True
+
+
+@register("rpe")
+class T5RelativeBias(PositionScheme):
+    def score_bias(self, config) -> nn.Module:
+        return RelativePositionBias(config)
+
+    def problem(self, config) -> str | None:
+        a = config.arch
+        if a.rpe_buckets < 4:
+            return invalid("arch.rpe_buckets", a.rpe_buckets, "must be >= 4")
+        if a.rpe_max_distance < a.rpe_buckets:
+            return invalid("arch.rpe_max_distance", a.rpe_max_distance, f"must be >= arch.rpe_buckets={a.rpe_buckets}")
+        return None
+
+
+@register("rotary")
+class Rotary(PositionScheme):
+    def rotation(self, config, index: int) -> Rotation | None:
+        return Rotation(config) if index % config.rotary_every == 0 else None
+
+    def problem(self, config) -> str | None:
+        a = config.arch
+        head_dim = a.hidden_size // a.num_heads
+        if not 0 < a.rotary_pct <= 1:
+            return invalid("arch.rotary_pct", a.rotary_pct, "must be in (0, 1]")
+        if int(head_dim * a.rotary_pct) < 2:
+            return invalid("arch.rotary_pct", a.rotary_pct,
+                           f"rotates no dimension pair of a {head_dim}-dim head; raise it")
+        if a.rotary_base <= 1:
+            return invalid("arch.rotary_base", a.rotary_base, "must be > 1")
+        if a.rotary_every < 1:
+            return invalid("arch.rotary_every", a.rotary_every, "must be >= 1 (1 = every attention block)")
         return None

@@ -24,3 +24,8 @@ class Registry(dict):
         if name not in self:
             raise ValueError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self))}")
         return self[name]
+
+
+def invalid(key: str, value, requirement: str) -> str:
+    """The one-line message of a refused setting, worded as config.check words it (a `problem` returns this)."""
+    return f"{key}={value!r} is invalid: {requirement}"

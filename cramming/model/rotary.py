@@ -84,3 +84,17 @@ def apply_rotary_torch(x, cos, sin, position_ids=None, rotary_pct=1.0, interleav
     o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
     rot = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), dim=-1)
     return torch.cat((rot.to(x.dtype), rest), dim=-1)
+
+
+class Rotation:
+    """Rotates one attention block's queries and keys (arch.position=rotary) with the kernel impl.rotary names."""
+
+    def __init__(self, config):
+        self.kernel = ROTARY_IMPLS.get_or_explain(config.rotary_impl)
+        self.pct, self.base, self.interleaved = config.rotary_pct, config.rotary_base, config.rotary_interleaved
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rotary_dim = int(q.shape[-1] * self.pct) // 2 * 2
+        cos, sin = rotary_cos_sin(q.shape[2], rotary_dim, self.base, q.device, torch.float32)
+        return (self.kernel(q, cos, sin, None, self.pct, self.interleaved),
+                self.kernel(k, cos, sin, None, self.pct, self.interleaved))

@@ -27,7 +27,7 @@ def relative_buckets(relative: torch.Tensor, bidirectional: bool, num_buckets: i
 class RelativePositionBias(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.bidirectional = config.objective != "clm"
+        self.bidirectional = not config.causal
         self.num_buckets, self.max_distance = config.rpe_buckets, config.rpe_max_distance
         self.embedding = nn.Embedding(config.rpe_buckets, config.num_heads)
 

@@ -1,10 +1,12 @@
-"""Training objectives by name (`arch.objective`): how a batch of packed token ids becomes (inputs, labels),
-and which logits score which targets. The model computes the loss; this only prepares its inputs."""
+"""Training objectives by name (`arch.objective`): the head each trains, how a batch of packed token ids becomes
+(inputs, labels), and which logits score which targets. The model computes the loss; this only prepares its
+inputs. The model itself reads the objective once, as `CrammedConfig.causal`."""
 
 from dataclasses import dataclass
 
 import torch
 
+from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
 from ..model.registry import Registry
 from .masking import mask_tokens
 
@@ -21,6 +23,7 @@ class MaskedLM:
     mask_id: int
     vocab_size: int
     special: torch.Tensor
+    head = CrammedForMaskedLM  # the pretraining model (a class attribute, not a field)
 
     def batch(self, ids: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         return mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
@@ -43,6 +46,7 @@ class CausalLM:
     mask_id: int = 0
     vocab_size: int = 0
     special: torch.Tensor | None = None
+    head = CrammedForCausalLM
 
     def batch(self, ids: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         return ids, ids

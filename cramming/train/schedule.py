@@ -4,18 +4,58 @@ Every schedule maps (progress, warmup, cooldown) to a multiplier of the peak lea
 cooldown are shares of the run. The budget-* schedules (and `constant`) are fed the elapsed budget fraction:
 driving them by wall-clock rather than by step count is what makes a run end on time whatever the hardware,
 since a faster machine simply takes more steps along the same curve. Their step-* twins have the same shapes
-but are fed step / train.max_steps, for runs that should see a fixed number of tokens.
+but are fed step / train.max_steps, for runs that should see a fixed number of tokens. Each name is one
+`Schedule`, which knows its shape and which of the two drives it (`by_steps`).
 
 The trainer evaluates the schedule *before* each step, at the progress reached so far, so the first step sees
 progress 0. A warm-up that started at exactly 0 would make that step a no-op; it starts at WARMUP_FLOOR instead.
 """
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..model.registry import Registry
 
 SCHEDULES = Registry("schedule")
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One `train.schedule` name: a shape of the learning rate and what drives it."""
+
+    name: str
+    shape: Callable[[float, float, float], float]  # (progress, warmup, cooldown) -> multiplier of the peak
+    by_steps: bool  # progress is step / train.max_steps, not the elapsed budget fraction
+    with_cooldown: bool  # the shape ends in a cool-down that must fit in the run beside the warm-up
+
+    def __call__(self, progress: float, warmup: float, cooldown: float) -> float:
+        return self.shape(progress, warmup, cooldown)
+
+    def problem(self, warmup: float, cooldown: float, max_steps: int | None) -> str | None:
+        """What is wrong with this schedule's settings, in one line for the user, or None."""
+        if not 0 <= warmup < 1:
+            return f"train.warmup={warmup!r} is invalid: must be in [0, 1) (a share of the run)"
+        if not 0 <= cooldown < 1:
+            return f"train.cooldown={cooldown!r} is invalid: must be in [0, 1) (a share of the run)"
+        if self.with_cooldown and warmup + cooldown > 1:
+            return (f"train.warmup + train.cooldown = {warmup + cooldown:g} is invalid for train.schedule="
+                    f"{self.name}: the warm-up and the cool-down must fit in the run (sum <= 1)")
+        if self.by_steps and not max_steps:
+            return (f"train.schedule={self.name} needs train.max_steps (it runs on step / max_steps), "
+                    "or use a budget-* schedule")
+        return None
+
+
+def register(budget_name: str, step_name: str, with_cooldown: bool = False):
+    """Register a shape twice: driven by the budget fraction, and as its step-* twin driven by step / max_steps."""
+    def add(shape):
+        SCHEDULES.register(budget_name)(Schedule(budget_name, shape, False, with_cooldown))
+        SCHEDULES.register(step_name)(Schedule(step_name, shape, True, with_cooldown))
+        return shape
+
+    return add
 
 
 def warm(progress: float, warmup: float) -> float:
@@ -28,7 +68,7 @@ def decayed(progress: float, warmup: float) -> float:
     return min(1.0, max(0.0, (progress - warmup) / (1.0 - warmup)))
 
 
-@SCHEDULES.register("budget-triangle")
+@register("budget-triangle", "step-triangle")
 def budget_triangle(progress: float, warmup: float, cooldown: float) -> float:
     """Cramming's "budget-triangle2": 25 % of peak at the start, peak at 75 %, 0 at the end (warmup, cooldown unused)."""
     if progress <= 0.75:
@@ -36,7 +76,7 @@ def budget_triangle(progress: float, warmup: float, cooldown: float) -> float:
     return max(0.0, (1.0 - progress) / 0.25)
 
 
-@SCHEDULES.register("budget-cosine")
+@register("budget-cosine", "step-cosine")
 def budget_cosine(progress: float, warmup: float, cooldown: float) -> float:
     """Warm-up, then a cosine from peak to 0 at the end."""
     if progress < warmup:
@@ -44,7 +84,7 @@ def budget_cosine(progress: float, warmup: float, cooldown: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * decayed(progress, warmup)))
 
 
-@SCHEDULES.register("budget-linear")
+@register("budget-linear", "step-linear")
 def budget_linear(progress: float, warmup: float, cooldown: float) -> float:
     """Warm-up, then a straight line from peak to 0 at the end."""
     if progress < warmup:
@@ -52,7 +92,7 @@ def budget_linear(progress: float, warmup: float, cooldown: float) -> float:
     return 1.0 - decayed(progress, warmup)
 
 
-@SCHEDULES.register("budget-wsd")
+@register("budget-wsd", "step-wsd", with_cooldown=True)
 def budget_wsd(progress: float, warmup: float, cooldown: float) -> float:
     """Warmup-stable-decay: warm-up, hold the peak, then decay linearly to 0 over the final `cooldown` share.
 
@@ -64,7 +104,7 @@ def budget_wsd(progress: float, warmup: float, cooldown: float) -> float:
     return 1.0
 
 
-@SCHEDULES.register("constant")
+@register("constant", "step-constant")
 def constant(progress: float, warmup: float, cooldown: float) -> float:
     """The peak throughout, after the warm-up (warmup=0 for none)."""
     if progress < warmup:
@@ -72,32 +112,16 @@ def constant(progress: float, warmup: float, cooldown: float) -> float:
     return 1.0
 
 
-# Same shapes, but the trainer feeds them step / train.max_steps instead of the budget fraction.
-STEP_TWINS = {"step-triangle": "budget-triangle", "step-cosine": "budget-cosine", "step-linear": "budget-linear",
-              "step-wsd": "budget-wsd", "step-constant": "constant"}
-for _twin, _original in STEP_TWINS.items():
-    SCHEDULES.register(_twin)(SCHEDULES[_original])
-
-
 def progress_by_steps(name: str) -> bool:
-    """True when the schedule runs on step / train.max_steps rather than on the budget fraction."""
-    return name in STEP_TWINS
+    """The old spelling of SCHEDULES[name].by_steps (cramming/train/trainer.py reads it)."""
+    return SCHEDULES.get_or_explain(name).by_steps
 
 
 def schedule_problem(name: str, warmup: float, cooldown: float, max_steps: int | None) -> str | None:
     """What is wrong with this schedule setting, in one line for the user, or None."""
     if name not in SCHEDULES:
         return f"train.schedule={name!r} is not a valid option; choose one of: {', '.join(sorted(SCHEDULES))}"
-    if not 0 <= warmup < 1:
-        return f"train.warmup={warmup!r} is invalid: must be in [0, 1) (a share of the run)"
-    if not 0 <= cooldown < 1:
-        return f"train.cooldown={cooldown!r} is invalid: must be in [0, 1) (a share of the run)"
-    if name.endswith("-wsd") and warmup + cooldown > 1:
-        return (f"train.warmup + train.cooldown = {warmup + cooldown:g} is invalid for train.schedule={name}: "
-                f"the warm-up and the cool-down must fit in the run (sum <= 1)")
-    if progress_by_steps(name) and not max_steps:
-        return f"train.schedule={name} needs train.max_steps (it runs on step / max_steps), or use a budget-* schedule"
-    return None
+    return SCHEDULES[name].problem(warmup, cooldown, max_steps)
 
 
 def batch_size_at(fraction: float, batch_size: int, microbatch_size: int, ramp: float) -> int:

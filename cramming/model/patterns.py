@@ -1,0 +1,75 @@
+"""Attention patterns by name (`arch.attention.pattern`, cycled over the attention blocks): which keys a query
+may see. A pattern turns the config into the mask arguments every attention kernel takes (their meaning:
+masks.py) and says which settings it refuses. A new pattern is one class here plus its registry line.
+"""
+
+from .registry import Registry, invalid
+
+PATTERNS = Registry("attention pattern")
+
+
+def register(name: str):
+    """Register one instance of the pattern class under `name`."""
+    def add(cls):
+        PATTERNS.register(name)(cls())
+        return cls
+
+    return add
+
+
+@register("global")
+class Global:
+    """Every query sees every key."""
+
+    def kernel_args(self, config) -> dict:
+        """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
+        return {}
+
+    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
+        """What this pattern refuses for sequences of seq_length tokens (config: a PretrainConfig), or None;
+        length_name says in the message where that length comes from."""
+        return None
+
+
+@register("local")
+class Local(Global):
+    """A sliding window: keys within arch.attention.window positions of the query (ModernBERT's local layers)."""
+
+    def kernel_args(self, config) -> dict:
+        return {"window": config.attention_window}
+
+    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
+        w = config.arch.attention.window
+        if not 1 <= w <= seq_length:
+            return invalid("arch.attention.window", w,
+                           f"must be in [1, {length_name}={seq_length}] for local attention")
+        return None
+
+
+@register("stepped")
+class Stepped(Global):
+    """Fixed blocks of arch.attention.window tokens; a query sees its own block and the one before."""
+
+    def kernel_args(self, config) -> dict:
+        return {"stepped": config.attention_window}
+
+    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
+        w = config.arch.attention.window
+        if w < 1 or seq_length % w:
+            return invalid("arch.attention.window", w,
+                           f"stepped attention needs a block length that divides {length_name}={seq_length}")
+        return None
+
+
+@register("topk")
+class TopK(Global):
+    """Only the arch.attention.topk largest scores of each query (needs the scores: the eager kernel)."""
+
+    def kernel_args(self, config) -> dict:
+        return {"topk": config.attention_topk}
+
+    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
+        k = config.arch.attention.topk
+        if not 1 <= k <= seq_length:
+            return invalid("arch.attention.topk", k, f"must be in [1, {length_name}={seq_length}]")
+        return None

@@ -1,0 +1,109 @@
+"""Option names map to registered objects that carry their behaviour: a new position scheme, attention pattern or
+schedule is one class plus one registry line, and the model, the attention and config validation ask the object."""
+
+import pytest
+import torch
+
+from cramming.config import PretrainConfig, validate
+from cramming.errors import UserError
+from cramming.eval.finetune import SCHEDULES as FINETUNE_SCHEDULES
+from cramming.model import PRETRAINING_HEADS, CrammedConfig, CrammedForMaskedLM
+from cramming.model.attention import eager_attention
+from cramming.model.patterns import PATTERNS, Local
+from cramming.model.positions import POSITIONS, LearnedPositions, PositionScheme
+from cramming.train.objectives import OBJECTIVES
+from cramming.train.schedule import SCHEDULES, progress_by_steps
+
+TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16,
+            attention_impl="eager", hidden_dropout=0.0, attention_dropout=0.0)
+
+
+class LearnedWithALiBi(PositionScheme):
+    """A scheme no built-in combines: a learned table and ALiBi's bias."""
+
+    table = LearnedPositions
+    alibi = True
+
+    def problem(self, config):
+        return "arch.position=learned-alibi is invalid: refused by its own problem()"
+
+
+def test_a_new_position_scheme_is_one_class_and_one_registry_line(monkeypatch):
+    monkeypatch.setitem(POSITIONS, "learned-alibi", LearnedWithALiBi())
+    model = CrammedForMaskedLM(CrammedConfig(**TINY, position="learned-alibi"))
+    assert isinstance(model.encoder.positions, LearnedPositions)
+    assert all(layer.attn.alibi and layer.attn.rotary is None for layer in model.encoder.layers)
+    assert model.encoder.rpe is None
+
+    config = PretrainConfig()
+    config.arch.position = "learned-alibi"
+    with pytest.raises(UserError, match=r"refused by its own problem\(\)"):
+        validate(config)
+
+
+class Wide(Local):
+    """A local window twice arch.attention.window wide."""
+
+    def kernel_args(self, config):
+        return {"window": 2 * config.attention_window}
+
+
+def test_a_new_attention_pattern_is_one_class_and_one_registry_line(monkeypatch):
+    monkeypatch.setitem(PATTERNS, "wide", Wide())
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(CrammedConfig(**{**TINY, "num_layers": 1}, attention_pattern=["wide"], attention_window=2))
+    attn = model.encoder.layers[0].attn
+    assert attn.pattern_args == {"window": 4}
+    x = torch.randn(2, 16, 32)
+    seen = []
+    attn.kernel = lambda q, k, v, **kwargs: seen.append(kwargs) or eager_attention(q, k, v, **kwargs)
+    attn(x)
+    assert seen[0]["window"] == 4
+    # its problem() is the local one, asked by validation with the doubled window unknown to it: window 200 > 128
+    config = PretrainConfig()
+    config.arch.attention.pattern, config.arch.attention.window = ["wide"], 200
+    with pytest.raises(UserError, match=r"arch.attention.window=200 is invalid: must be in \[1, data.seq_length=128\]"):
+        validate(config)
+
+
+def test_patterns_refuse_at_every_curriculum_length():
+    """A stepped block that divides data.seq_length but not a longer stage's length is refused, naming the stage."""
+    config = PretrainConfig()
+    config.data.seq_length, config.arch.position, config.impl.microbatch_size = 32, "rotary", 8
+    config.arch.attention.pattern, config.arch.attention.window = ["local"], 16
+    config.train.seq_schedule = [[0.5, 32], [0.5, 64]]  # the 64 stage: two rows joined, 63 tokens
+    validate(config)
+    config.arch.attention.pattern = ["local", "stepped"]
+    with pytest.raises(UserError, match=r"train.seq_schedule=.*divides the stage length=63"):
+        validate(config)
+
+
+def test_each_schedule_knows_what_drives_it():
+    assert {name for name, s in SCHEDULES.items() if s.by_steps} == {n for n in SCHEDULES if n.startswith("step-")}
+    assert all(progress_by_steps(name) == schedule.by_steps for name, schedule in SCHEDULES.items())
+    # the cool-down check belongs to the shape with a cool-down, whichever clock drives it
+    for name in ("budget-wsd", "step-wsd"):
+        assert "must fit in the run" in SCHEDULES[name].problem(0.6, 0.6, 10)
+    assert SCHEDULES["step-cosine"].problem(0.6, 0.6, 10) is None
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("constant", [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]),
+    ("linear", [0.0, 0.5, 1.0, 0.75, 0.5, 0.25]),
+    ("cosine", [0.0, 0.5, 1.0, 0.8535534, 0.5, 0.1464466]),
+])
+def test_finetune_schedules_warm_up_then_follow_their_shape(name, expected):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = FINETUNE_SCHEDULES[name].build(optimizer, warmup_steps=2, total_steps=6)
+    rates = []
+    for _ in range(6):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx(expected)
+
+
+def test_the_objective_names_its_head():
+    assert PRETRAINING_HEADS == {name: objective.head for name, objective in OBJECTIVES.items()}
+    assert PRETRAINING_HEADS["mlm"] is CrammedForMaskedLM and PRETRAINING_HEADS["clm"].__name__ == "CrammedForCausalLM"
+    assert {name: CrammedConfig(objective=name).causal for name in OBJECTIVES} == {"mlm": False, "clm": True}
