@@ -1,6 +1,7 @@
 """The budget loop: it ends on time even inside a large accumulated step, it learns, and it keeps going (or stops
 saying why) when a step is not finite."""
 
+import math
 import os
 import signal
 
@@ -87,13 +88,14 @@ def test_max_steps_and_logging(sanity_data):
 
 def test_periodic_validation_pauses_the_budget_clock(sanity_data):
     """train.validate_every_minutes: a validation each time the clock passes another interval, logged as an event
-    with the clock it was taken at; the time it takes is not budget time."""
+    with the clock it was taken at; the time it takes is not budget time. Each bound allows for a loaded machine:
+    steps may be slow (fewer intervals), never a validation counted as budget."""
     import time
 
     from cramming.train.validation import PeriodicValidation
 
     def measure():
-        time.sleep(0.5)  # slower than the interval: a clock that kept running would fit far fewer in
+        time.sleep(1.0)  # far longer than a step: a clock that kept running would end the 2 s budget early
         return {"val_loss": 1.0}
 
     validation = PeriodicValidation(0.3 / 60, measure)  # every 0.3 s of budget
@@ -102,13 +104,16 @@ def test_periodic_validation_pauses_the_budget_clock(sanity_data):
     result, records = run(sanity_data, Budget(seconds=2.0), cfg, validation=validation)
     wall = time.perf_counter() - started
     events = [r for r in records if r.get("event") == "validation"]
-    assert len(events) >= 4  # 2 s / 0.3 s intervals, minus the step that may straddle two
-    assert all(e["val_loss"] == 1.0 and e["step"] > 0 and e["tokens"] > 0 for e in events)
+    steps = [r["elapsed_s"] for r in records if "loss" in r]
+    longest_step = max(b - a for a, b in zip([0.0, *steps], steps))
+    assert events and all(e["val_loss"] == 1.0 and e["step"] > 0 and e["tokens"] > 0 for e in events)
     clocks = [e["elapsed_s"] for e in events]
-    assert all(b - a >= 0.3 - 0.05 for a, b in zip(clocks, clocks[1:])) and clocks[-1] < 2.0
-    assert validation.seconds >= 0.5 * len(events)
+    passed = [math.floor(c / 0.3 + 1e-9) for c in clocks]  # intervals the budget clock had passed
+    assert all(a < b for a, b in zip(passed, passed[1:])) and passed[0] >= 1  # one per interval passed, no more
+    assert clocks[-1] < 2.0 + longest_step + 0.05
+    assert validation.seconds >= 1.0 * len(events)
     assert wall >= 2.0 + validation.seconds - 0.1  # the budget was trained in full on top of the validations
-    assert result["train_seconds"] < 2.0 + 0.5  # and the budget clock did not count them
+    assert result["train_seconds"] + result["compile_seconds"] < 2.0 + longest_step + 0.1
 
 
 def test_periodic_validation_resumes_from_the_saved_clock():

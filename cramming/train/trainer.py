@@ -190,7 +190,7 @@ class Trainer:
             self.start += spent  # the budget clock stops while validating
             self.validation.seconds += spent
             self.log.log({"step": state.step, "event": "validation", "tokens": state.tokens,
-                          "elapsed_s": round(state.elapsed, 3), **record})
+                          "elapsed_s": round(state.elapsed, 6), **record})
 
     def result(self, state) -> dict:
         # the loop's time without checkpoint writes and without the first step (compile_seconds, torch.compile's
