@@ -14,8 +14,8 @@ from cramming.model.positions import POSITIONS, LearnedPositions, PositionScheme
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.schedule import SCHEDULES, progress_by_steps
 
-TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16,
-            attention_impl="eager", hidden_dropout=0.0, attention_dropout=0.0)
+TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16,
+        "attention_impl": "eager", "hidden_dropout": 0.0, "attention_dropout": 0.0}
 
 
 class LearnedWithALiBi(PositionScheme):

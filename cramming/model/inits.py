@@ -6,16 +6,7 @@ from .registry import Registry
 INITS = Registry("init")
 
 
-def register(name: str):
-    """Register one instance of the init class under `name`."""
-    def add(cls):
-        INITS.register(name)(cls())
-        return cls
-
-    return add
-
-
-@register("normal")
+@INITS.register_one("normal")
 class Normal:
     """arch.init_std everywhere (Cramming: 0.02)."""
 
@@ -23,7 +14,7 @@ class Normal:
         return config.init_std
 
 
-@register("small")
+@INITS.register_one("small")
 class Small(Normal):
     """sqrt(2 / (5 hidden)) everywhere (Nguyen & Salazar 2019), whatever arch.init_std says."""
 
@@ -31,7 +22,7 @@ class Small(Normal):
         return (2 / (5 * config.hidden_size)) ** 0.5
 
 
-@register("megatron-scaled")
+@INITS.register_one("megatron-scaled")
 class MegatronScaled(Normal):
     """arch.init_std, divided by sqrt(2 layers) on each residual branch's output projection, so the residual
     stream's variance does not grow with depth (Shoeybi et al. 2019)."""

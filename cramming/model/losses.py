@@ -15,16 +15,7 @@ from .registry import Registry
 LOSSES = Registry("loss")
 
 
-def register(name: str):
-    """Register one instance of the loss class under `name`."""
-    def add(cls):
-        LOSSES.register(name)(cls())
-        return cls
-
-    return add
-
-
-@register("plain")
+@LOSSES.register_one("plain")
 class PlainLoss:
     def __call__(self, hidden: torch.Tensor, decoder: nn.Linear, targets: torch.Tensor, training: bool):
         """(mean cross-entropy over targets != -100, logits or None)."""
@@ -33,7 +24,7 @@ class PlainLoss:
         return loss, logits
 
 
-@register("fused")
+@LOSSES.register_one("fused")
 class FusedLoss(PlainLoss):
     def __call__(self, hidden, decoder, targets, training):
         if not training:

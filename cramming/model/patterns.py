@@ -8,16 +8,7 @@ from .registry import Registry, invalid
 PATTERNS = Registry("attention pattern")
 
 
-def register(name: str):
-    """Register one instance of the pattern class under `name`."""
-    def add(cls):
-        PATTERNS.register(name)(cls())
-        return cls
-
-    return add
-
-
-@register("global")
+@PATTERNS.register_one("global")
 class Global:
     """Every query sees every key."""
 
@@ -31,7 +22,7 @@ class Global:
         return None
 
 
-@register("local")
+@PATTERNS.register_one("local")
 class Local(Global):
     """A sliding window: keys within arch.attention.window positions of the query (ModernBERT's local layers)."""
 
@@ -46,7 +37,7 @@ class Local(Global):
         return None
 
 
-@register("stepped")
+@PATTERNS.register_one("stepped")
 class Stepped(Global):
     """Fixed blocks of arch.attention.window tokens; a query sees its own block and the one before."""
 
@@ -61,7 +52,7 @@ class Stepped(Global):
         return None
 
 
-@register("topk")
+@PATTERNS.register_one("topk")
 class TopK(Global):
     """Only the arch.attention.topk largest scores of each query (needs the scores: the eager kernel)."""
 

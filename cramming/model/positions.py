@@ -68,15 +68,6 @@ class NoPositions(nn.Module):
         return None
 
 
-def register(name: str):
-    """Register one instance of the scheme class under `name`."""
-    def add(cls):
-        POSITIONS.register(name)(cls())
-        return cls
-
-    return add
-
-
 class PositionScheme:
     """What every scheme answers; each hook returns None (or False) when the scheme does not use it."""
 
@@ -104,32 +95,32 @@ class PositionScheme:
         return None
 
 
-@register("none")
+@POSITIONS.register_one("none")
 class NoPE(PositionScheme):
-    """No positions at all: attention alone cannot tell the order (a baseline, and fine for causal models)."""
+    """No positions at all (NoPE): only a causal mask tells attention the order of the tokens."""
 
 
-@register("learned")
+@POSITIONS.register_one("learned")
 class Learned(PositionScheme):
     table = LearnedPositions
 
 
-@register("sinusoidal")
+@POSITIONS.register_one("sinusoidal")
 class Sinusoidal(PositionScheme):
     table = SinusoidalPositions
 
 
-@register("scaled-sinusoidal")
+@POSITIONS.register_one("scaled-sinusoidal")
 class ScaledSinusoidal(PositionScheme):
     table = ScaledSinusoidalPositions
 
 
-@register("alibi")
+@POSITIONS.register_one("alibi")
 class ALiBi(PositionScheme):
     alibi = True
 
 
-@register("rpe")
+@POSITIONS.register_one("rpe")
 class T5RelativeBias(PositionScheme):
     def score_bias(self, config) -> nn.Module:
         return RelativePositionBias(config)
@@ -143,7 +134,7 @@ class T5RelativeBias(PositionScheme):
         return None
 
 
-@register("rotary")
+@POSITIONS.register_one("rotary")
 class Rotary(PositionScheme):
     def rotation(self, config, index: int) -> Rotation | None:
         return Rotation(config) if index % config.rotary_every == 0 else None

@@ -19,6 +19,14 @@ class Registry(dict):
 
         return add
 
+    def register_one(self, name: str):
+        """Register one instance of the decorated class: for options whose objects carry the behaviour."""
+        def add(cls):
+            self.register(name)(cls())
+            return cls
+
+        return add
+
     def get_or_explain(self, name: str):
         """Look a name up; an unknown one raises ValueError listing the valid choices."""
         if name not in self:
