@@ -12,7 +12,7 @@ from conftest import REPO, one_line_error
 from safetensors.torch import save_file
 from test_eval_cli import FAST, evaluate_in_process, run_eval
 
-from cramming import evaluation
+from cramming.eval import recipe as evaluation
 from cramming.errors import UserError
 from cramming.eval import tasks as tasks_module
 from cramming.eval.finetune import train_step
