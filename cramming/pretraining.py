@@ -23,7 +23,7 @@ from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
 from .engines import env_rank
 from .kernels import autotune_seconds
-from .model import PRETRAINING_HEADS, CrammedConfig
+from .model import CrammedConfig
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.validation import PeriodicValidation, validation_metrics
@@ -32,7 +32,7 @@ from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch
 from .train.nonfinite import NONFINITE
-from .train.objectives import build_objective
+from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
 from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.state import TrainState
@@ -57,7 +57,7 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
         sep_token_id=special_ids["sep"],
         mask_token_id=special_ids["mask"],
     )
-    return PRETRAINING_HEADS[arch.objective](config)
+    return OBJECTIVES[arch.objective].head(config)
 
 
 def count_parameters(model) -> int:
@@ -65,7 +65,7 @@ def count_parameters(model) -> int:
 
 
 def flops_per_token(model, config) -> int:
-    sparse_mlm = config.arch.objective == "mlm" and config.arch.sparse_prediction
+    sparse_mlm = OBJECTIVES[config.arch.objective].scores_masked_only and config.arch.sparse_prediction
     return forward_flops_per_token(model, config.data.seq_length, config.train.mask_prob if sparse_mlm else 1.0)
 
 

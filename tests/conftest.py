@@ -83,19 +83,28 @@ def one_line_error(result, *fragments):
         assert fragment in errors[0], errors[0]
 
 
-# The slow tier: every subprocess pretrain/eval, torchrun, DeepSpeed, Optuna, bench smoke and AOT compile.
+# The slow tier: every subprocess pretrain/eval, torchrun, DeepSpeed, Optuna, bench smoke and AOT compile, the
+# record run's smoke mode, the Triton interpreter's kernel checks, and the longest in-process training runs.
 # `pytest -m "not slow"` is the loop to run while developing; .ci/run runs everything.
 SLOW_MODULES = {"test_eval_cli", "test_deepspeed", "test_distributed", "test_optuna", "test_bench",
                 "test_bench_kernels", "test_gpu_checks", "test_aot", "test_experiments", "test_pretrain_cli",
                 "test_sweep", "test_cli_errors", "test_help", "test_output", "test_eval_checks",
-                "test_checkpoint_tokenizer"}
+                "test_checkpoint_tokenizer",
+                # the Triton interpreter's kernel checks: each kernel call is a Python-level simulation
+                "test_attention_kernel", "test_opcheck", "test_kernel_wiring"}
 SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run",
               "test_a_stop_signal_checkpoints_and_exits_75",
               "test_pretrain_with_the_triton_kernels_matches_sdpa",
               "test_compiled_model_keeps_the_triton_ops_in_one_graph", "test_cli_error_for_triton_without_a_gpu",
               "test_compile_on_cpu", "test_peak_memory_does_not_grow_with_the_corpus",
               "test_concurrent_builds_share_one_cache", "test_hf_round_trip_in_a_fresh_interpreter",
-              "test_causal_checkpoint_generates_in_a_fresh_interpreter"}
+              "test_causal_checkpoint_generates_in_a_fresh_interpreter",
+              # whole in-process training runs, each several seconds
+              "test_compiling_twice_caches_no_traced_table", "test_recipe_runs_with",
+              "test_sigkill_while_writing_leaves_the_previous_checkpoint",
+              "test_a_run_switches_length_and_keeps_tokens_per_step", "test_offline_run_logs_the_config_and_every_scalar",
+              "test_report_end_to_end", "test_periodic_validation_pauses_the_budget_clock",
+              "test_every_block_option_trains_for_both_objectives"}
 
 
 def pytest_collection_modifyitems(items):

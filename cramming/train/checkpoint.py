@@ -36,7 +36,7 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
     finally:
         for key, value in in_use.items():
             setattr(model.config, key, value)
-    if model.config.objective == "clm":  # prompts without a closing [SEP], decoded with their spaces
+    if model.config.causal:  # prompts without a closing [SEP], decoded with their spaces
         tokenizer = for_generation(tokenizer)
     tokenizer.save_pretrained(tmp)
     with open(tmp / SUMMARY, "w") as fh:

@@ -24,6 +24,7 @@ class MaskedLM:
     vocab_size: int
     special: torch.Tensor
     head = CrammedForMaskedLM  # the pretraining model (a class attribute, not a field)
+    scores_masked_only = True  # the sparse head (arch.sparse_prediction) decodes only the masked positions
 
     def batch(self, ids: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         return mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
@@ -47,6 +48,7 @@ class CausalLM:
     vocab_size: int = 0
     special: torch.Tensor | None = None
     head = CrammedForCausalLM
+    scores_masked_only = False
 
     def batch(self, ids: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
         return ids, ids

@@ -19,7 +19,7 @@ from ..engines import Engine
 from ..errors import RunStopped
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .nonfinite import NONFINITE
-from .schedule import SCHEDULES, batch_size_at, progress_by_steps
+from .schedule import SCHEDULES, batch_size_at
 from .signals import EXIT_PREEMPTED, StopFlag
 
 
@@ -75,7 +75,7 @@ class Trainer:
 
     def __post_init__(self):
         self.schedule = SCHEDULES.get_or_explain(self.cfg.schedule)
-        self.by_steps = progress_by_steps(self.cfg.schedule)
+        self.by_steps = self.schedule.by_steps  # the step-* schedules follow step / max_steps, not the clock
         self.stages = stage_factors(self.cfg.seq_schedule, self.meta["seq_length"])
         self.on_nonfinite = NONFINITE.get_or_explain(self.cfg.nonfinite)
         self.start = 0.0  # perf_counter() at budget second 0; moved on by validations (the clock pauses)
