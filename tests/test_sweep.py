@@ -183,7 +183,7 @@ def test_parallel_jobs_lose_no_manifest_entry_and_no_results_row(tmp_path, monke
     import time
 
     from cramming import sweep
-    from cramming.eval import report
+    from cramming.eval import results as report
 
     def together(target, calls):
         threads = [threading.Thread(target=target, args=args, kwargs=kwargs) for args, kwargs in calls]
