@@ -61,28 +61,25 @@ def linear_with_warmup(fraction: float, warmup: float) -> float:
     return fraction / warmup if fraction < warmup else max(0.0, (1 - fraction) / (1 - warmup))
 
 
-class Validation:
-    """Our validation loss on our validation sequences and masks, for any masked LM."""
+def validation_measure(train_cfg, folder, meta, batch_size: int):
+    """Our validation loss on our validation sequences and masks, for any masked LM: measure(model) -> metrics."""
+    from cramming.train.objectives import build_objective
+    from cramming.train.validation import validation_metrics
 
-    def __init__(self, train_cfg, folder, meta, batch_size: int):
-        from cramming.train.validation import validation_metrics
-        from cramming.train.objectives import build_objective
-
-        objective = build_objective("mlm", train_cfg, meta, torch.device("cpu"))
-        self.measure = lambda model: validation_metrics(model, objective, folder, meta, train_cfg, batch_size,
-                                                        torch.device("cpu"), nullcontext)
+    objective = build_objective("mlm", train_cfg, meta, torch.device("cpu"))
+    return lambda model: validation_metrics(model, objective, folder, meta, train_cfg, batch_size,
+                                            torch.device("cpu"), nullcontext)
 
 
-def train(model, collator, batches, seconds: float, validate_every: float, validation, log) -> dict:
-    """The budget loop; validation pauses the clock. Returns steps, tokens and the seconds spent."""
+def train(model, collator, batches, seconds: float, validation, log) -> dict:
+    """The budget loop; `validation` (our PeriodicValidation) pauses the clock. Returns steps, tokens, seconds."""
     r = HF_RECIPE
     optimizer = torch.optim.AdamW(decay_groups(model, r["weight_decay"]), lr=r["lr"], betas=r["betas"],
                                   eps=r["eps"], fused=True)
     steps = tokens = 0
-    validated, paused = 0, 0.0
     start = time.perf_counter()
     model.train()
-    while (elapsed := time.perf_counter() - start - paused) < seconds:
+    while (elapsed := time.perf_counter() - start - validation.seconds) < seconds:
         for group in optimizer.param_groups:
             group["lr"] = r["lr"] * linear_with_warmup(elapsed / seconds, r["warmup"])
         features = collator([{"input_ids": row} for row in next(batches)])
@@ -93,18 +90,17 @@ def train(model, collator, batches, seconds: float, validate_every: float, valid
         optimizer.zero_grad(set_to_none=True)
         steps += 1
         tokens += features["input_ids"].numel()
-        elapsed = time.perf_counter() - start - paused
+        elapsed = time.perf_counter() - start - validation.seconds
         log({"step": steps, "loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], "tokens": tokens,
              "elapsed_s": round(elapsed, 3)})
-        if int(elapsed // validate_every) > validated:
-            validated = int(elapsed // validate_every)
+        if validation.due(elapsed):
             at = time.perf_counter()
-            record = validation.measure(model)
-            paused += time.perf_counter() - at
+            record = validation.measure()
+            validation.seconds += time.perf_counter() - at  # the clock stops while validating
             model.train()
-            log({"step": steps, "event": "validation", "tokens": tokens, "elapsed_s": round(elapsed, 3), **record})
-    return {"steps": steps, "tokens": tokens, "train_seconds": time.perf_counter() - start - paused,
-            "validation_seconds": paused}
+            log({"step": steps, "event": "validation", "tokens": tokens, "elapsed_s": round(elapsed, 6), **record})
+    return {"steps": steps, "tokens": tokens, "train_seconds": time.perf_counter() - start - validation.seconds,
+            "validation_seconds": validation.seconds}
 
 
 def main(argv=None) -> None:
@@ -123,6 +119,7 @@ def main(argv=None) -> None:
     from cramming.data.loader import train_batches
     from cramming.data.prepare import load_tokenizer, prepare_data
     from cramming.pretraining import seed_everything
+    from cramming.train.validation import PeriodicValidation
 
     config = compose_config(json.loads(args.overrides))
     folder, meta = prepare_data(config.data)  # the cache the driver already built
@@ -131,17 +128,18 @@ def main(argv=None) -> None:
     model = BertForMaskedLM(equal_parameters_config(json.loads(args.arch), meta))
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=HF_RECIPE["mlm_probability"])
     batches = train_batches(folder, meta, config.data.ordering, config.seed, HF_RECIPE["batch_size"], 0, False)
-    validation = Validation(config.train, folder, meta, 64)
+    measure = validation_measure(config.train, folder, meta, 64)
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "metrics.jsonl", "w", encoding="utf-8") as fh:
         def log(record):
             fh.write(json.dumps(record) + "\n")
             fh.flush()
 
-        untrained = validation.measure(model)
+        untrained = measure(model)
         log({"step": 0, "event": "validation", "tokens": 0, "elapsed_s": 0.0, **untrained})
-        result = train(model, collator, batches, args.minutes * 60, args.validate_every * 60, validation, log)
-        final = validation.measure(model)
+        validation = PeriodicValidation(args.validate_every, lambda: measure(model))
+        result = train(model, collator, batches, args.minutes * 60, validation, log)
+        final = measure(model)
         log({"step": result["steps"], **final})
     model.save_pretrained(args.out / "checkpoint")
     tokenizer.save_pretrained(args.out / "checkpoint")

@@ -54,7 +54,7 @@ class Engine:
 
     # ---- agreeing on a few scalars: trivial alone
     def barrier(self) -> None:
-        pass
+        """Alone, there is no other rank to wait for."""
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of a tensor over ranks (the step loss each rank computed on its slice)."""
@@ -72,7 +72,7 @@ class Engine:
         return obj
 
     def close(self) -> None:
-        pass
+        """Alone, there is no process group to leave."""
 
     # ---- the model and its optimizer
     def device(self, device: torch.device) -> torch.device:
