@@ -16,7 +16,7 @@ cat <<'NOTE'
 What to expect: a few minutes of CPU pretraining lower the validation MLM loss (the line above, untrained -> end),
 but they do not buy GLUE points yet: the scores below sit near chance (majority class, MCC 0), as they should at
 this scale. What a longer CPU budget buys, against Hugging Face's recipe and the random-init twin, is measured by
-the record run (python scripts/record.py, about 90 minutes): docs/results.md. Cramming's published day on one
+the record run (python scripts/record.py, about 2 hours on 2 cores): docs/results.md. Cramming's published day on one
 GPU reaches GLUE 78.6.
 NOTE
 echo "GLUE data: ${GLUE_DIR:-the Hugging Face hub (set GLUE_DIR=<glue_data folder> to use local files)}"
