@@ -40,14 +40,8 @@ from .train.trainer import Budget, Trainer
 
 
 def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
-    settings = asdict(arch)
-    attention = settings.pop("attention")
-    settings["linear_args"] = {k: v for k, v in settings["linear_args"].items() if v is not None}
     config = CrammedConfig(
-        **settings,
-        attention_pattern=attention["pattern"],
-        attention_window=attention["window"],
-        attention_topk=attention["topk"],
+        **vars(arch),
         vocab_size=vocab_size,
         attention_impl=runtime.attention,
         rotary_impl=runtime.rotary,

@@ -71,12 +71,10 @@ def arch_keys(cls=ArchConfig, prefix=""):
 
 
 def in_model_config(model, key):
-    group, _, name = key.partition(".")
-    if group == "attention":
-        return getattr(model.config, f"attention_{name}")
-    if group == "linear_args":
-        return model.config.linear_args.get(name)
-    return getattr(model.config, key)
+    value = model.config
+    for part in key.split("."):  # the model's config has the run config's shape: attention.window
+        value = getattr(value, part)
+    return value
 
 
 def test_every_arch_key_is_listed():

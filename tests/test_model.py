@@ -353,3 +353,34 @@ def test_parameter_count_matches_the_closed_form():
     gmlp = CrammedForMaskedLM(tiny(position="none", layout=["gmlp"]))
     block = h + h * f + f // 2 + seq * seq + seq + (f // 2) * h  # norm, up, gate norm, spatial + bias, down
     assert sum(p.numel() for p in gmlp.parameters()) == vocab * h + h + layers * block + h
+
+
+def test_the_model_config_takes_every_arch_option_and_default_from_arch_config():
+    """One definition: CrammedConfig's defaults are ArchConfig's, field by field (sections included)."""
+    import dataclasses
+
+    from cramming.model.arch import ArchConfig
+
+    config, defaults = CrammedConfig(), ArchConfig()
+    assert {f.name: getattr(config, f.name) for f in dataclasses.fields(ArchConfig)} == vars(defaults)
+    changed = CrammedConfig(hidden_dropout=0.3, attention={"window": 7}, linear_args={"rank": 3})
+    assert (changed.hidden_dropout, changed.attention.window, changed.attention.pattern) == (0.3, 7, ["global"])
+    assert changed.linear_args.given() == {"rank": 3}
+
+
+def test_config_json_nests_the_sections_and_older_flat_keys_still_load(tmp_path):
+    config = tiny(attention={"pattern": ["local", "global"], "window": 3}, linear_args={"rank": 4})
+    config.save_pretrained(tmp_path)
+    import json
+
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["attention"] == {"pattern": ["local", "global"], "window": 3, "topk": 16}
+    assert saved["linear_args"]["rank"] == 4 and "attention_window" not in saved
+    assert CrammedConfig.from_pretrained(tmp_path).attention == config.attention
+    # a config.json written before the sections existed: flat attention_* keys, linear_args without unset sizes
+    saved.pop("attention")
+    saved.update(attention_pattern=["local", "global"], attention_window=3, attention_topk=16, linear_args={"rank": 4})
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    old = CrammedConfig.from_pretrained(tmp_path)
+    assert old.attention == config.attention and old.linear_args == config.linear_args
+    assert not hasattr(old, "attention_window")

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from cramming.train.schedule import SCHEDULES, WARMUP_FLOOR, batch_size_at, progress_by_steps, schedule_problem
+from cramming.train.schedule import SCHEDULES, WARMUP_FLOOR, batch_size_at, schedule_problem
 from cramming.train.trainer import Budget
 
 BUDGET = ("budget-triangle", "budget-cosine", "budget-linear", "budget-wsd", "constant")
@@ -75,7 +75,7 @@ def test_every_schedule_stays_in_range():
 def test_step_twins():
     for name in BUDGET:
         twin = "step-" + name.removeprefix("budget-")
-        assert progress_by_steps(twin) and not progress_by_steps(name)
+        assert SCHEDULES[twin].by_steps and not SCHEDULES[name].by_steps
         for x in np.linspace(0, 1, 23):
             assert SCHEDULES[twin](x, 0.1, 0.2) == SCHEDULES[name](x, 0.1, 0.2)
     assert sorted(SCHEDULES) == sorted(BUDGET + ("step-triangle", "step-cosine", "step-linear", "step-wsd",

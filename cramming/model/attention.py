@@ -94,7 +94,7 @@ class SelfAttention(nn.Module):
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.causal
-        pattern = config.attention_pattern[index % len(config.attention_pattern)]
+        pattern = config.attention.pattern[index % len(config.attention.pattern)]
         self.pattern_args = PATTERNS.get_or_explain(pattern).kernel_args(config)  # window=, stepped=, topk=
         positions = POSITIONS.get_or_explain(config.position)
         self.alibi = positions.alibi

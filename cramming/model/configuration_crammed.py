@@ -1,6 +1,16 @@
-"""The Hugging Face config of a crammed model: every architecture knob the model reads."""
+"""The Hugging Face config of a crammed model: the architecture's options (arch.py, one definition) plus what
+only a built model needs (vocabulary, special tokens, kernels, the classifier's dropout)."""
+
+import dataclasses
 
 from transformers import PretrainedConfig
+
+from .arch import ArchConfig
+
+ARCH_DEFAULTS = ArchConfig()
+# Options grouped in a section of their own (`arch.attention.window`), restored from config.json's nested dicts.
+SECTIONS = {f.name: type(getattr(ARCH_DEFAULTS, f.name)) for f in dataclasses.fields(ArchConfig)
+            if dataclasses.is_dataclass(getattr(ARCH_DEFAULTS, f.name))}
 
 
 class CrammedConfig(PretrainedConfig):
@@ -11,109 +21,65 @@ class CrammedConfig(PretrainedConfig):
     def __init__(
         self,
         vocab_size: int = 32768,
-        hidden_size: int = 768,
-        num_layers: int = 16,
-        num_heads: int = 12,
-        ffn_size: int = 3072,
-        ffn: str = "glu",
-        activation: str = "gelu",
-        norm: str = "layernorm",
-        norm_eps: float = 1e-12,
-        norm_position: str = "pre",
-        qk_norm: bool = False,
-        embedding_norm: bool = True,
-        final_norm: bool = True,
-        bias: bool = False,
-        position: str = "scaled-sinusoidal",
-        rotary_pct: float = 1.0,
-        rotary_base: float = 10000.0,
-        rotary_interleaved: bool = False,
-        rotary_every: int = 1,
-        rpe_buckets: int = 32,
-        rpe_max_distance: int = 128,
-        rpe_cache: bool = True,
-        layout: list | str = "attention",
-        gmlp_attn_dim: int = 0,
-        attention_pattern: list | str = "global",
-        attention_window: int = 64,
-        attention_topk: int = 16,
-        linear: str = "dense",
-        linear_on: tuple = ("ffn", "attention"),
-        linear_args: dict | None = None,
-        max_seq_length: int = 128,
-        tie_embeddings: bool = True,
-        objective: str = "mlm",
-        head_transform: bool = False,
-        sparse_prediction: bool = True,
-        init: str = "normal",
-        init_std: float = 0.02,
-        hidden_dropout: float = 0.1,
-        attention_dropout: float = 0.1,
         classifier_dropout: float = 0.1,
-        attention_impl: str = "sdpa",
+        attention_impl: str = "sdpa",  # kernels are a runtime choice: checkpoints are saved with sdpa/torch
         rotary_impl: str = "torch",
-        loss_impl: str = "plain",
+        loss_impl: str = "plain",  # fused | plain: how training computes the head's loss (model/fused_loss.py)
         pad_token_id: int = 0,
         cls_token_id: int = 2,
         sep_token_id: int = 3,
         mask_token_id: int = 4,
         **kwargs,
     ):
+        """Every ArchConfig field is a keyword here with the same default; sections (attention, linear_args) take
+        a dict or their dataclass, and their flat names (attention_window=) as older checkpoints saved them."""
         self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.num_heads = num_heads
-        self.ffn_size = ffn_size
-        self.ffn = ffn
-        self.activation = activation
-        self.norm = norm
-        self.norm_eps = norm_eps
-        self.norm_position = norm_position
-        self.qk_norm = qk_norm
-        self.embedding_norm = embedding_norm
-        self.final_norm = final_norm
-        self.bias = bias
-        self.position = position
-        self.rotary_pct = rotary_pct
-        self.rotary_base = rotary_base
-        self.rotary_interleaved = rotary_interleaved
-        self.rotary_every = rotary_every  # rotary in every k-th attention block
-        self.rpe_buckets = rpe_buckets
-        self.rpe_max_distance = rpe_max_distance
-        self.rpe_cache = rpe_cache
-        self.layout = [layout] if isinstance(layout, str) else list(layout)  # block kinds, cycled over the layers
-        self.gmlp_attn_dim = gmlp_attn_dim
-        # one pattern per layer, cycled: ["local", "global"] alternates
-        self.attention_pattern = [attention_pattern] if isinstance(attention_pattern, str) else list(attention_pattern)
-        self.attention_window = attention_window
-        self.attention_topk = attention_topk
-        self.linear = linear  # the structured layer used for the projections of the parts in linear_on
-        self.linear_on = list(linear_on)
-        self.linear_args = {k: v for k, v in (linear_args or {}).items() if v is not None}
-        self.max_seq_length = max_seq_length
-        self.tie_embeddings = tie_embeddings
-        self.objective = objective
-        self.head_transform = head_transform
-        self.sparse_prediction = sparse_prediction
-        self.init = init
-        self.init_std = init_std
-        self.hidden_dropout = hidden_dropout
-        self.attention_dropout = attention_dropout
+        for field in dataclasses.fields(ArchConfig):
+            setattr(self, field.name, arch_value(field.name, kwargs))
         self.classifier_dropout = classifier_dropout
-        self.attention_impl = attention_impl  # kernels are a runtime choice: checkpoints are saved with sdpa/torch
+        self.attention_impl = attention_impl
         self.rotary_impl = rotary_impl
-        self.loss_impl = loss_impl  # fused | plain: how training computes the head's loss (model/fused_loss.py)
+        self.loss_impl = loss_impl
         self.cls_token_id = cls_token_id
         self.mask_token_id = mask_token_id
         kwargs.pop("tie_word_embeddings", None)  # derived from tie_embeddings; present when loading a saved config
-        super().__init__(
-            pad_token_id=pad_token_id,
-            sep_token_id=sep_token_id,
-            tie_word_embeddings=tie_embeddings,
-            **kwargs,
-        )
+        super().__init__(pad_token_id=pad_token_id, sep_token_id=sep_token_id,
+                         tie_word_embeddings=self.tie_embeddings, **kwargs)
 
     @property
     def causal(self) -> bool:
         """Attention sees only the past: the objective predicts the next token (`objective: clm`)."""
         return self.objective == "clm"
+
+    def to_dict(self) -> dict:
+        """config.json holds the sections as nested dicts."""
+        out = super().to_dict()
+        for name in SECTIONS:
+            if dataclasses.is_dataclass(out.get(name)):
+                out[name] = dataclasses.asdict(out[name])
+        return out
+
+
+def arch_value(name: str, kwargs: dict):
+    """The value of one architecture option from the keywords (popped), else its ArchConfig default."""
+    default = getattr(ARCH_DEFAULTS, name)
+    if name in SECTIONS:
+        section = SECTIONS[name]
+        given = kwargs.pop(name, None)
+        given = dataclasses.asdict(given) if dataclasses.is_dataclass(given) else dict(given or {})
+        for part in dataclasses.fields(section):  # attention_window=8: the flat spelling
+            if f"{name}_{part.name}" in kwargs:
+                given[part.name] = kwargs.pop(f"{name}_{part.name}")
+        defaults = section()
+        return section(**{key: as_declared(getattr(defaults, key), value) for key, value in given.items()})
+    return as_declared(default, kwargs.pop(name, default))
+
+
+def as_declared(default, value):
+    """A list option given one name (layout="gmlp") or a tuple becomes a list, as the schema declares it."""
+    if isinstance(default, list):
+        return [value] if isinstance(value, str) else list(value)
+    return value
+
+
+CrammedConfig.register_for_auto_class()

@@ -47,7 +47,7 @@ def build_linear(config, part: str, in_features: int, out_features: int) -> nn.M
     """The layer for one projection of `part` ("attention" or "ffn"): arch.linear where arch.linear_on names the
     part, dense elsewhere."""
     kind = config.linear if part in config.linear_on else "dense"
-    return LINEARS.get_or_explain(kind)(in_features, out_features, config.bias, **(config.linear_args or {}))
+    return LINEARS.get_or_explain(kind)(in_features, out_features, config.bias, **config.linear_args.given())
 
 
 def block_projections(config) -> dict[str, list[tuple[int, int]]]:

@@ -228,3 +228,8 @@ class _Activation(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
+
+
+# Saved checkpoints name these classes in config.json's auto_map (cramming.model.AUTO_MAP).
+CrammedForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
+CrammedForCausalLM.register_for_auto_class("AutoModelForCausalLM")

@@ -27,7 +27,7 @@ class Local(Global):
     """A sliding window: keys within arch.attention.window positions of the query (ModernBERT's local layers)."""
 
     def kernel_args(self, config) -> dict:
-        return {"window": config.attention_window}
+        return {"window": config.attention.window}
 
     def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
         w = config.arch.attention.window
@@ -42,7 +42,7 @@ class Stepped(Global):
     """Fixed blocks of arch.attention.window tokens; a query sees its own block and the one before."""
 
     def kernel_args(self, config) -> dict:
-        return {"stepped": config.attention_window}
+        return {"stepped": config.attention.window}
 
     def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
         w = config.arch.attention.window
@@ -57,7 +57,7 @@ class TopK(Global):
     """Only the arch.attention.topk largest scores of each query (needs the scores: the eager kernel)."""
 
     def kernel_args(self, config) -> dict:
-        return {"topk": config.attention_topk}
+        return {"topk": config.attention.topk}
 
     def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
         k = config.arch.attention.topk

@@ -112,11 +112,6 @@ def constant(progress: float, warmup: float, cooldown: float) -> float:
     return 1.0
 
 
-def progress_by_steps(name: str) -> bool:
-    """The old spelling of SCHEDULES[name].by_steps (cramming/train/trainer.py reads it)."""
-    return SCHEDULES.get_or_explain(name).by_steps
-
-
 def schedule_problem(name: str, warmup: float, cooldown: float, max_steps: int | None) -> str | None:
     """What is wrong with this schedule setting, in one line for the user, or None."""
     if name not in SCHEDULES:

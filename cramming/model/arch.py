@@ -1,0 +1,70 @@
+"""The architecture's options: one definition, read by the run config (`arch.*`, cramming/config.py) and by the
+model's Hugging Face config (CrammedConfig), so a default or a name cannot differ between the two.
+
+Plain dataclasses with no imports beyond the standard library: checkpoints carry this file, and cramming.config
+reads it without importing torch.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AttentionConfig:
+    pattern: list[str] = field(default_factory=lambda: ["global"])  # cycled over the attention blocks
+    window: int = 64  # local: keys within this many positions on each side; stepped: the block length
+    topk: int = 16  # topk: scores kept per query
+
+
+@dataclass
+class LinearArgs:
+    """Sizes of the structured linear layers; null = the layer's default."""
+
+    rank: int | None = None  # lowrank: bottleneck width; btt: the tensor-train rank
+    blocks: int | None = None  # monarch: number of diagonal blocks
+    cores: int | None = None  # btt, btt-moe: 2 or 3
+    experts: int | None = None  # btt-moe
+    experts_k: int | None = None  # btt-moe: experts per token
+
+    def given(self) -> dict:
+        """The sizes set, as the layers' keyword arguments (an unset size takes the layer's default)."""
+        return {name: value for name, value in vars(self).items() if value is not None}
+
+
+@dataclass
+class ArchConfig:
+    num_layers: int = 16
+    hidden_size: int = 768
+    num_heads: int = 12
+    ffn_size: int = 3072
+    ffn: str = "glu"  # mlp | glu
+    activation: str = "gelu"
+    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm
+    norm_eps: float = 1e-12
+    norm_position: str = "pre"  # pre | post
+    qk_norm: bool = False  # normalise each head's queries and keys (with arch.norm)
+    embedding_norm: bool = True
+    final_norm: bool = True
+    bias: bool = False
+    position: str = "scaled-sinusoidal"  # learned | sinusoidal | scaled-sinusoidal | rotary | rpe | alibi | none
+    rotary_pct: float = 1.0  # rotary: the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
+    rotary_base: float = 10000.0
+    rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
+    rotary_every: int = 1  # rotary in every k-th attention block only
+    rpe_buckets: int = 32  # rpe: T5 relative-position buckets
+    rpe_max_distance: int = 128  # rpe: distances beyond this share the last bucket
+    rpe_cache: bool = True  # rpe: compute the bias once per forward (true) or in every layer (false)
+    layout: list[str] = field(default_factory=lambda: ["attention"])  # block kinds cycled over the layers
+    gmlp_attn_dim: int = 0  # gmlp: width of aMLP's tiny attention; 0 = none
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    linear: str = "dense"  # dense | lowrank | kronecker | monarch | btt | btt-moe
+    linear_on: list[str] = field(default_factory=lambda: ["ffn", "attention"])
+    linear_args: LinearArgs = field(default_factory=LinearArgs)
+    max_seq_length: int = 128
+    tie_embeddings: bool = True
+    objective: str = "mlm"  # mlm | clm (causal attention, next-token prediction)
+    head_transform: bool = False
+    sparse_prediction: bool = True
+    init: str = "normal"  # normal | small | megatron-scaled
+    init_std: float = 0.02
+    hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
+    attention_dropout: float = 0.0
