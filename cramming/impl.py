@@ -55,27 +55,15 @@ def triton_unavailable(device: torch.device) -> str | None:
 
 
 def attention_unsupported(name: str, arch, device=None, dtype=None) -> str | None:
-    """Why attention kernel `name` cannot serve this architecture (on this CUDA device, in this dtype), or None.
-    Eager serves everything."""
-    patterns = set(arch.attention.pattern) if arch is not None else set()
-    if name == "sdpa" and "topk" in patterns:
-        return "it never holds the scores, so it cannot do top-k attention (arch.attention.pattern has topk)"
-    if name != "triton" or arch is None:
-        return None
-    head_dim = arch.hidden_size // arch.num_heads
-    if arch.attention_dropout > 0:
-        return f"it has no attention dropout (arch.attention_dropout={arch.attention_dropout}); set it to 0"
-    if head_dim > 256:
-        return f"it supports head dims up to 256, and arch.hidden_size / arch.num_heads = {head_dim}"
-    if patterns - {"global", "local"}:
-        return f"it implements the global and local patterns, not {', '.join(sorted(patterns - {'global', 'local'}))}"
-    if arch.position == "rpe":
-        return "it has no learned relative-position bias (arch.position=rpe)"
-    if device is not None and device.type == "cuda" and dtype is not None:
-        from .kernels import tuning
+    """Why attention kernel `name` cannot serve this architecture (on this CUDA device, in this dtype), or None:
+    what the kernel computes against what the arch's patterns and positions need, then the kernel's own limits."""
+    from . import kernels  # noqa: F401  registers the Triton kernels
+    from .model.attention import ATTENTION_KERNELS, kernel_refusal
 
-        return tuning.attention_unfit(head_dim, dtype, tuning.shared_limit(device))
-    return None
+    if arch is None:
+        return None
+    kernel = ATTENTION_KERNELS[name]
+    return kernel_refusal(kernel, arch) or (kernel.limits(arch, device, dtype) if kernel.limits else None)
 
 
 def ieee_fp32(device: torch.device, dtype) -> bool:

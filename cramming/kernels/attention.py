@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..model.attention import ATTENTION_KERNELS
+from ..model.attention import attention_kernel
 from .flash_kernels import triton  # None where Triton is not installed
 from .tuning import add_autotune_seconds, attention_unfit, shared_limit
 
@@ -144,7 +144,18 @@ def _attention_backward(ctx, dout, _dlse):
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_context)
 
 
-@ATTENTION_KERNELS.register("triton")
+def triton_limits(arch, device=None, dtype=None) -> str | None:
+    """What the kernel's tiles cannot hold: head dims past 256, or (on a known CUDA device and dtype) no launch
+    config that fits the device's shared memory."""
+    head_dim = arch.hidden_size // arch.num_heads
+    if head_dim > 256:
+        return f"it supports head dims up to 256, and arch.hidden_size / arch.num_heads = {head_dim}"
+    if device is not None and device.type == "cuda" and dtype is not None:
+        return attention_unfit(head_dim, dtype, shared_limit(device))
+    return None
+
+
+@attention_kernel("triton", serves={"window", "alibi"}, limits=triton_limits)
 def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
                     stepped=None, topk=None, bias=None, scale=None, return_lse=False):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,

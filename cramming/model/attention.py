@@ -17,6 +17,41 @@ from .positions import POSITIONS
 from .registry import Registry
 
 ATTENTION_KERNELS = Registry("attention kernel")
+# What a kernel may be asked beyond q, k, v and the padding / causal masks: the patterns' mask arguments (window,
+# stepped, topk), the position schemes' biases (alibi, a given score bias) and dropout.
+FEATURES = {"window": "a local window", "stepped": "stepped blocks", "topk": "top-k selection",
+            "alibi": "ALiBi bias", "bias": "learned relative-position bias", "dropout": "attention dropout"}
+
+
+def attention_kernel(name: str, serves: set[str], limits=None):
+    """Register a kernel with the FEATURES it computes; `limits(config, device, dtype)` says what else it
+    refuses (say, a head dim too large for its tiles), or is None."""
+    def add(fn):
+        fn.serves, fn.limits = frozenset(serves), limits
+        return ATTENTION_KERNELS.register(name)(fn)
+
+    return add
+
+
+def kernel_refusal(kernel, config) -> str | None:
+    """Why `kernel` cannot compute this architecture's attention (config: an ArchConfig or CrammedConfig), or
+    None: each pattern and position scheme names the arguments it needs, the kernel the ones it serves."""
+    patterns = list(dict.fromkeys(config.attention.pattern))
+    missing = [p for p in patterns if set(PATTERNS[p].kernel_args(config)) - kernel.serves]
+    if missing:
+        served = [name for name, p in PATTERNS.items() if set(p.kernel_args(config)) <= kernel.serves]
+        notes = "".join(f" ({PATTERNS[p].kernel_note})" for p in missing if PATTERNS[p].kernel_note)
+        return f"it implements the {words(served)} patterns, not {', '.join(missing)}{notes}"
+    needed = POSITIONS[config.position].kernel_arg
+    if needed and needed not in kernel.serves:
+        return f"it has no {FEATURES[needed]} (arch.position={config.position})"
+    if config.attention_dropout > 0 and "dropout" not in kernel.serves:
+        return f"it has no attention dropout (arch.attention_dropout={config.attention_dropout}); set it to 0"
+    return None
+
+
+def words(names: list[str]) -> str:
+    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def score_bias(q, alibi: bool, bias):
@@ -27,7 +62,7 @@ def score_bias(q, alibi: bool, bias):
     return total
 
 
-@ATTENTION_KERNELS.register("sdpa")
+@attention_kernel("sdpa", serves={"window", "stepped", "alibi", "bias", "dropout"})
 def sdpa_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
                    stepped=None, topk=None, bias=None):
     """PyTorch's fused kernels (flash / memory-efficient / math, picked by PyTorch from the mask it gets)."""
@@ -43,7 +78,7 @@ def sdpa_attention(q, k, v, key_padding_mask=None, causal=False, window=None, al
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
-@ATTENTION_KERNELS.register("eager")
+@attention_kernel("eager", serves=set(FEATURES))
 def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
                     stepped=None, topk=None, bias=None):
     """The textbook formula, in fp32: the reference the fused kernels are tested against."""

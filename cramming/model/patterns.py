@@ -12,6 +12,8 @@ PATTERNS = Registry("attention pattern")
 class Global:
     """Every query sees every key."""
 
+    kernel_note = None  # why a kernel lacking this pattern's arguments cannot compute it, where not obvious
+
     def kernel_args(self, config) -> dict:
         """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
         return {}
@@ -55,6 +57,8 @@ class Stepped(Global):
 @PATTERNS.register_one("topk")
 class TopK(Global):
     """Only the arch.attention.topk largest scores of each query (needs the scores: the eager kernel)."""
+
+    kernel_note = "top-k attention keeps each query's largest scores, which a fused kernel never holds"
 
     def kernel_args(self, config) -> dict:
         return {"topk": config.attention.topk}

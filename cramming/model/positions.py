@@ -73,6 +73,7 @@ class PositionScheme:
 
     table = None  # the nn.Module class of a table added to the token embeddings (max_seq_length rows)
     alibi = False  # the attention kernels add ALiBi's distance bias themselves (masks.py)
+    kernel_arg = None  # the attention kernels' argument this scheme needs (attention.FEATURES): alibi, bias
 
     def embedding(self, config) -> nn.Module:
         """What the embeddings add; a module that adds nothing when the scheme has no table."""
@@ -118,10 +119,13 @@ class ScaledSinusoidal(PositionScheme):
 @POSITIONS.register_one("alibi")
 class ALiBi(PositionScheme):
     alibi = True
+    kernel_arg = "alibi"
 
 
 @POSITIONS.register_one("rpe")
 class T5RelativeBias(PositionScheme):
+    kernel_arg = "bias"
+
     def score_bias(self, config) -> nn.Module:
         return RelativePositionBias(config)
 
