@@ -6,12 +6,13 @@ stops the run with one line before any data is read or any budget is spent.
 import importlib.util
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
+from .model.registry import invalid
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
 
 
@@ -27,6 +28,8 @@ class HubSource:
 class TokenizerConfig:
     kind: str = "wordpiece"  # wordpiece | bpe | unigram | a Hugging Face tokenizer name or folder
     train_max_chars: int = 100_000_000  # text used to learn the vocabulary
+
+    RULES: ClassVar[dict] = {"train_max_chars": "> 0"}  # what each plain option accepts (cramming/rules.py)
 
 
 @dataclass
@@ -51,6 +54,9 @@ class DataConfig:
     # $CRAMMING_CACHE, else .cache/cramming under the working directory (conf/data/python-docs.yaml says the same)
     cache_dir: str = field(default_factory=lambda: os.environ.get("CRAMMING_CACHE", ".cache/cramming"))
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+    RULES: ClassVar[dict] = {"seq_length": ">= 8", "vocab_size": ">= 64", "validation_fraction": "(0, 0.5)",
+                             "filter_threshold": "> 0 or null", "ordering": ("random", "sentence-length")}
 
 
 @dataclass
@@ -92,6 +98,14 @@ class TrainConfig:
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
 
+    RULES: ClassVar[dict] = {
+        "lr": "> 0", "betas": "each [0, 1)", "grad_clip": "> 0 or null", "batch_size": "> 0", "batch_ramp": "[0, 1)",
+        "max_steps": "> 0 or null", "mask_prob": "(0, 1)", "mask_token_share": "[0, 1]",
+        "validation_sequences": "> 0", "validate_every_minutes": "> 0 or null", "log_every": "> 0",
+        "wandb": ("off", "offline", "online"), "checkpoint_every_minutes": "> 0 or null", "keep_checkpoints": ">= 1",
+        "max_skipped": ">= 1", "rollback_lr_factor": "(0, 1]",
+    }
+
 
 @dataclass
 class DeepSpeedConfig:
@@ -114,6 +128,9 @@ class ImplConfig:
     distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
+    RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16"),
+                             "num_workers": ">= 0"}
+
 
 @dataclass
 class PretrainConfig:
@@ -128,6 +145,8 @@ class PretrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
+
+    RULES: ClassVar[dict] = {"budget": "> 0", "sweep_objective": ("val_loss", "glue_average")}
 
 
 def load_config(cfg: DictConfig) -> PretrainConfig:
@@ -157,145 +176,107 @@ def check(ok: bool, key: str, value, requirement: str) -> None:
 
 
 def validate(c: PretrainConfig) -> None:
-    """Choices and ranges. Registries are the single source of valid names."""
+    """Every plain option against the rule its dataclass declares, every named component against its registry and
+    what the chosen entry refuses, then the few checks that span sections. The first problem stops the run."""
+    from .rules import declared_rules, rule_problem
+
+    for key, value, rule in declared_rules(c):
+        refuse(rule_problem(key, value, rule))
+    for key, registry, extra, ask in components():
+        refuse(component_problem(c, key, registry, extra, ask))
+    for problem in across_sections(c):
+        refuse(problem)
+
+
+def components() -> list[tuple]:
+    """(key, registry, choices beyond the registry's, how to ask the chosen entry) for every option that names a
+    registered component, in the order they are checked."""
     from . import kernels  # noqa: F401  registers the Triton kernels by name
-    from .data.local_text import check_encoding
     from .data.sources import SOURCES
-    from .data.tokenizer import TOKENIZER_KINDS
-    from .engines import CHOICES as ENGINES
-    from .engines import settings_problem as engine_settings_problem
+    from .engines import ENGINES
     from .model.attention import ATTENTION_KERNELS
     from .model.block import BLOCKS
     from .model.ffn import ACTIVATIONS, FFNS
     from .model.inits import INITS
-    from .model.linear import LINEARS, block_projections, linear_problem
+    from .model.linear import LINEARS, projections_problem
     from .model.losses import LOSSES
     from .model.norms import NORMS
     from .model.patterns import PATTERNS
     from .model.positions import POSITIONS
+    from .model.registry import own_problem
     from .model.rotary import ROTARY_IMPLS
-    from .train.objectives import OBJECTIVES
     from .train.nonfinite import NONFINITE
-    from .train.optim import optimizer_problem
-    from .train.schedule import SCHEDULES, schedule_problem
+    from .train.objectives import OBJECTIVES
+    from .train.optim import OPTIMIZERS
+    from .train.schedule import SCHEDULES
 
-    a, d, t, i = c.arch, c.data, c.train, c.impl
-    check(c.budget > 0, "budget", c.budget, "must be > 0 hours")
-    check(bool(c.name.strip()), "name", c.name, "name the run (its folder is outputs/<name>/<date>)")
-    check_choice("sweep_objective", c.sweep_objective, ("val_loss", "glue_average"))
-    for key in ("num_layers", "hidden_size", "num_heads", "ffn_size", "max_seq_length"):
-        check(getattr(a, key) > 0, f"arch.{key}", getattr(a, key), "must be > 0")
-    check(a.hidden_size % a.num_heads == 0, "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
-    check_choice("arch.ffn", a.ffn, FFNS)
-    check(a.ffn != "glu" or a.ffn_size % 2 == 0, "arch.ffn_size", a.ffn_size, "must be even for a GLU")
-    check_choice("arch.activation", a.activation, ACTIVATIONS)
-    check_choice("arch.norm", a.norm, NORMS)
-    check_choice("arch.norm_position", a.norm_position, ("pre", "post"))
-    check_choice("arch.init", a.init, INITS)
-    check_choice("arch.linear", a.linear, LINEARS)
-    for part in a.linear_on:
-        check_choice("arch.linear_on", part, ("ffn", "attention"))
-    if a.linear != "dense":
-        args = {k: v for k, v in vars(a.linear_args).items() if v is not None}
-        for part in a.linear_on:
-            for fan_in, fan_out in block_projections(a)[part]:
-                problem = linear_problem(a.linear, fan_in, fan_out, **args)
-                check(problem is None, "arch.linear", a.linear, f"cannot build the {part} projection "
-                      f"{fan_in} -> {fan_out}: {problem}")
-    check(a.init_std > 0, "arch.init_std", a.init_std, "must be > 0")
-    check_choice("arch.position", a.position, POSITIONS)
-    check(len(a.layout) > 0, "arch.layout", a.layout, "name at least one block kind")
-    for kind in a.layout:
-        check_choice("arch.layout", kind, BLOCKS)
-    if "gmlp" in a.layout:
-        check(a.ffn_size % 2 == 0, "arch.ffn_size", a.ffn_size, "must be even for gmlp blocks (split in halves)")
-        check(a.gmlp_attn_dim >= 0, "arch.gmlp_attn_dim", a.gmlp_attn_dim, "must be >= 0")
-        check(d.seq_length <= a.max_seq_length, "data.seq_length", d.seq_length,
-              f"longer than the gmlp spatial matrix (arch.max_seq_length={a.max_seq_length}); raise it")
-    check(len(a.attention.pattern) > 0, "arch.attention.pattern", a.attention.pattern, "name at least one pattern")
-    for pattern in a.attention.pattern:
-        check_choice("arch.attention.pattern", pattern, PATTERNS)
-    for pattern in dict.fromkeys(a.attention.pattern):
-        refuse(PATTERNS[pattern].problem(c, d.seq_length))
-    check_choice("arch.objective", a.objective, OBJECTIVES)
-    for key in ("hidden_dropout", "attention_dropout"):
-        check(0 <= getattr(a, key) < 1, f"arch.{key}", getattr(a, key), "must be in [0, 1)")
+    def schedule(entry, c):
+        return entry.problem(c.train.warmup, c.train.cooldown, c.train.max_steps)
 
-    check_choice("data.source", d.source, SOURCES)
-    check_encoding(d.encoding, d.encoding_errors)
-    check(d.seq_length >= 8, "data.seq_length", d.seq_length, "must be >= 8")
-    refuse(POSITIONS[a.position].problem(c))  # after the gmlp check, whose message is the more specific one
-    check(d.vocab_size >= 64, "data.vocab_size", d.vocab_size, "must be >= 64")
-    check(0 < d.validation_fraction < 0.5, "data.validation_fraction", d.validation_fraction, "must be in (0, 0.5)")
-    if d.filter_threshold is not None:
-        check(d.filter_threshold > 0, "data.filter_threshold", d.filter_threshold, "must be > 0 or null")
-    check_choice("data.ordering", d.ordering, ("random", "sentence-length"))
-    if d.source == "local-text":
-        check(bool(d.path), "data.path", d.path, "data=local-text needs data.path=<file, folder or glob>")
-    if d.source == "hub":
-        check(bool(d.hub) and all(h.path for h in d.hub), "data.hub", d.hub, "name at least one hub dataset path")
-    if d.tokenizer.kind in TOKENIZER_KINDS:
-        check(d.tokenizer.train_max_chars > 0, "data.tokenizer.train_max_chars", d.tokenizer.train_max_chars, "must be > 0")
+    return [
+        ("arch.ffn", FFNS, (), own_problem), ("arch.activation", ACTIVATIONS, (), None), ("arch.norm", NORMS, (), None),
+        ("arch.init", INITS, (), None), ("arch.linear", LINEARS, (), lambda _, c: projections_problem(c)),
+        ("arch.layout", BLOCKS, (), own_problem), ("arch.attention.pattern", PATTERNS, (), own_problem),
+        ("arch.objective", OBJECTIVES, (), None), ("data.source", SOURCES, (), own_problem),
+        ("arch.position", POSITIONS, (), own_problem),  # after gmlp and data.seq_length: their messages say more
+        ("train.schedule", SCHEDULES, (), schedule), ("train.optim.name", OPTIMIZERS, (), own_problem),
+        ("train.nonfinite", NONFINITE, (), None), ("impl.attention", ATTENTION_KERNELS, ("auto",), None),
+        ("impl.rotary", ROTARY_IMPLS, ("auto",), None), ("impl.loss", LOSSES, ("auto",), None),
+        ("impl.distributed", ENGINES, ("auto",), None),  # engines are asked once the world is known (Engine.problem)
+    ]
 
-    check(t.lr > 0, "train.lr", t.lr, "must be > 0")
-    check(all(0 <= b < 1 for b in t.betas), "train.betas", t.betas, "each must be in [0, 1)")
-    check(t.batch_size > 0, "train.batch_size", t.batch_size, "must be > 0")
-    check(0 <= t.batch_ramp < 1, "train.batch_ramp", t.batch_ramp, "must be in [0, 1)")
-    check_choice("train.schedule", t.schedule, SCHEDULES)
-    problem = schedule_problem(t.schedule, t.warmup, t.cooldown, t.max_steps) or optimizer_problem(t.optim.name)
-    if problem:
-        raise UserError(problem)
-    if t.optim.name == "sgd":
-        check(0 <= t.optim.momentum < 1, "train.optim.momentum", t.optim.momentum, "must be in [0, 1)")
-    if t.optim.name == "muon":
-        check(t.optim.muon_lr > 0, "train.optim.muon_lr", t.optim.muon_lr, "must be > 0")
-        check(0 <= t.optim.muon_momentum < 1, "train.optim.muon_momentum", t.optim.muon_momentum, "must be in [0, 1)")
-    if t.max_steps is not None:
-        check(t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
-    check(0 < t.mask_prob < 1, "train.mask_prob", t.mask_prob, "must be in (0, 1)")
-    check(0 <= t.mask_token_share <= 1, "train.mask_token_share", t.mask_token_share, "must be in [0, 1]")
-    check(t.validation_sequences > 0, "train.validation_sequences", t.validation_sequences, "must be > 0")
-    if t.validate_every_minutes is not None:
-        check(t.validate_every_minutes > 0, "train.validate_every_minutes", t.validate_every_minutes,
-              "must be > 0 or null")
-    check(t.log_every > 0, "train.log_every", t.log_every, "must be > 0")
+
+def component_problem(c: PretrainConfig, key: str, registry, extra: tuple, ask) -> str | None:
+    """The option names entries of `registry` (one, or a list cycled over the layers): each must exist, and each
+    chosen entry is asked what it refuses in the whole config."""
+    value = c
+    for part in key.split("."):
+        value = getattr(value, part)
+    names = value if isinstance(value, list) else [value]
+    if not names:
+        return f"{key}={value!r} is invalid: name at least one {key.rsplit('.', 1)[-1]}"
+    for name in names:
+        if name not in registry and name not in extra:
+            return f"{key}={name!r} is not a valid option; choose one of: {', '.join(sorted([*extra, *registry]))}"
+    if ask is not None:
+        return next((p for name in dict.fromkeys(names) if name in registry and (p := ask(registry[name], c))), None)
+    return None
+
+
+def across_sections(c: PretrainConfig):
+    """The checks that read more than one option or the machine, lazily: the first one that fails stops."""
+    from .data.local_text import encoding_problem
+    from .engines import settings_problem
+
+    a, t = c.arch, c.train
+    yield None if c.name.strip() else invalid("name", c.name, "name the run (its folder is outputs/<name>/<date>)")
+    yield None if a.hidden_size % a.num_heads == 0 else invalid(
+        "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
+    yield encoding_problem(c.data.encoding, c.data.encoding_errors)
+    for key, extra in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        wanted = getattr(t, key) not in (False, "off")
+        if wanted and importlib.util.find_spec(extra) is None:
+            yield invalid(f"train.{key}", getattr(t, key), f"needs the {extra} package: pip install 'cramming[{extra}]'")
+    if t.wandb != "off" and not t.wandb_project:
+        yield invalid("train.wandb_project", t.wandb_project, "must not be empty")
     if t.seq_schedule:
-        check_seq_schedule(c)
-    if t.checkpoint_every_minutes is not None:
-        check(t.checkpoint_every_minutes > 0, "train.checkpoint_every_minutes", t.checkpoint_every_minutes,
-              "must be > 0 or null")
-    check(t.keep_checkpoints >= 1, "train.keep_checkpoints", t.keep_checkpoints, "must be >= 1")
-    check_choice("train.nonfinite", t.nonfinite, NONFINITE)
-    check(t.max_skipped >= 1, "train.max_skipped", t.max_skipped, "must be >= 1")
-    check(0 < t.rollback_lr_factor <= 1, "train.rollback_lr_factor", t.rollback_lr_factor, "must be in (0, 1]")
-    if t.tensorboard:
-        check(importlib.util.find_spec("tensorboard") is not None, "train.tensorboard", t.tensorboard,
-              "needs the tensorboard package: pip install 'cramming[tensorboard]'")
-    check_choice("train.wandb", t.wandb, ("off", "offline", "online"))
-    if t.wandb != "off":
-        check(importlib.util.find_spec("wandb") is not None, "train.wandb", t.wandb,
-              "needs the wandb package: pip install 'cramming[wandb]'")
-        check(bool(t.wandb_project), "train.wandb_project", t.wandb_project, "must not be empty")
-    if t.grad_clip is not None:
-        check(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0 or null")
+        yield seq_schedule_problem(c)
+    yield microbatch_problem(c)
+    yield settings_problem(c)
 
-    check_choice("impl.device", i.device, ("auto", "cuda", "cpu"))
-    check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
-    check_choice("impl.attention", i.attention, ("auto", *ATTENTION_KERNELS))
-    check_choice("impl.rotary", i.rotary, ("auto", *ROTARY_IMPLS))
-    check(i.microbatch_size == "auto" or (isinstance(i.microbatch_size, int) and i.microbatch_size > 0),
-          "impl.microbatch_size", i.microbatch_size, "must be a positive integer or auto")
+
+def microbatch_problem(c: PretrainConfig) -> str | None:
+    i, t = c.impl, c.train
+    if not (i.microbatch_size == "auto" or (isinstance(i.microbatch_size, int) and i.microbatch_size > 0)):
+        return invalid("impl.microbatch_size", i.microbatch_size, "must be a positive integer or auto")
     if i.microbatch_size == "auto":
-        block = curriculum_block(t.seq_schedule, d.seq_length)
-        check(t.batch_size % block == 0, "train.batch_size", t.batch_size,
-              f"must be a multiple of {block} (the curriculum joins that many rows)")
-    else:
-        check(t.batch_size % microbatch_size(c) == 0, "train.batch_size", t.batch_size,
-              f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
-    check(i.num_workers >= 0, "impl.num_workers", i.num_workers, "must be >= 0")
-    check_choice("impl.distributed", i.distributed, ENGINES)
-    check_choice("impl.loss", i.loss, ("auto", *LOSSES))
-    refuse(engine_settings_problem(c))
+        block = curriculum_block(t.seq_schedule, c.data.seq_length)
+        if t.batch_size % block:
+            return invalid("train.batch_size", t.batch_size, f"must be a multiple of {block} (the curriculum joins "
+                           "that many rows)")
+    elif t.batch_size % microbatch_size(c):
+        return invalid("train.batch_size", t.batch_size, f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
+    return None
 
 
 def refuse(problem: str | None) -> None:
@@ -304,35 +285,39 @@ def refuse(problem: str | None) -> None:
         raise UserError(problem)
 
 
-def check_seq_schedule(c: PretrainConfig) -> None:
+def seq_schedule_problem(c: PretrainConfig) -> str | None:
     """The curriculum's stages against the data, the batch and the architecture (see train/curriculum.py)."""
     from .model.patterns import PATTERNS
     from .model.positions import POSITIONS
     from .train.curriculum import sequence_length
 
-    a, d, t = c.arch, c.data, c.train
-    key = "train.seq_schedule"
-    check(all(isinstance(stage, (list, tuple)) and len(stage) == 2 and all(isinstance(v, (int, float)) for v in stage)
-              and stage[0] > 0 for stage in t.seq_schedule), key, t.seq_schedule,
-          "give [budget_fraction > 0, seq_length] pairs")
-    check(abs(sum(stage[0] for stage in t.seq_schedule) - 1) < 1e-6, key, t.seq_schedule,
-          "the stages' budget fractions must add up to 1")
-    check(d.ordering == "random", key, t.seq_schedule, "needs data.ordering=random (rows are joined in stream order)")
-    for _, length in t.seq_schedule:
-        check(length >= d.seq_length and length % d.seq_length == 0, key, t.seq_schedule,
-              f"every length must be a multiple of data.seq_length={d.seq_length}, got {length:g}")
+    a, d = c.arch, c.data
+    key, stages = "train.seq_schedule", c.train.seq_schedule
+    if not all(isinstance(stage, (list, tuple)) and len(stage) == 2 and all(isinstance(v, (int, float)) for v in stage)
+               and stage[0] > 0 for stage in stages):
+        return invalid(key, stages, "give [budget_fraction > 0, seq_length] pairs")
+    if abs(sum(stage[0] for stage in stages) - 1) > 1e-6:
+        return invalid(key, stages, "the stages' budget fractions must add up to 1")
+    if d.ordering != "random":
+        return invalid(key, stages, "needs data.ordering=random (rows are joined in stream order)")
+    for _, length in stages:
+        if length < d.seq_length or length % d.seq_length:
+            return invalid(key, stages, f"every length must be a multiple of data.seq_length={d.seq_length}, "
+                           f"got {length:g}")
         k = int(length) // d.seq_length
         tokens = sequence_length(d.seq_length, k)
-        check(c.impl.microbatch_size == "auto" or microbatch_size(c) % k == 0, key, t.seq_schedule,
-              f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a multiple of {k}")
-        if POSITIONS[a.position].table is not None or "gmlp" in a.layout:
-            check(tokens <= a.max_seq_length, key, t.seq_schedule,
-                  f"its {tokens}-token sequences are longer than arch.max_seq_length={a.max_seq_length} "
-                  f"({a.position} positions{' and gmlp' if 'gmlp' in a.layout else ''} do not extrapolate); "
-                  "raise it, or use rotary, alibi, rpe or none")
+        if c.impl.microbatch_size != "auto" and microbatch_size(c) % k:
+            return invalid(key, stages, f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a "
+                           f"multiple of {k}")
+        fixed = POSITIONS[a.position].table is not None or "gmlp" in a.layout
+        if fixed and tokens > a.max_seq_length:
+            return invalid(key, stages, f"its {tokens}-token sequences are longer than arch.max_seq_length="
+                           f"{a.max_seq_length} ({a.position} positions{' and gmlp' if 'gmlp' in a.layout else ''} "
+                           "do not extrapolate); raise it, or use rotary, alibi, rpe or none")
         for pattern in dict.fromkeys(a.attention.pattern):
-            problem = PATTERNS[pattern].problem(c, tokens, "the stage length")
-            check(problem is None, key, t.seq_schedule, f"a stage refused by arch.attention.pattern: {problem}")
+            if problem := PATTERNS[pattern].problem(c, tokens, "the stage length"):
+                return invalid(key, stages, f"a stage refused by arch.attention.pattern: {problem}")
+    return None
 
 
 def curriculum_block(seq_schedule, seq_length: int) -> int:

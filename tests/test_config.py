@@ -196,3 +196,36 @@ def test_option_lists_in_the_schema_match_the_registries(cls, key, registry):
     listed = {option.strip() for option in comment.split(":")[0].split("|")}
     module, name = registry.split(":")
     assert listed == set(getattr(importlib.import_module(module), name)), comment
+
+
+def test_rules_read_as_they_are_declared():
+    from cramming.rules import rule_problem
+
+    assert rule_problem("k", 0.0, "[0, 1)") is None and rule_problem("k", 1.0, "(0, 1]") is None
+    assert rule_problem("k", 1.0, "[0, 1)") == "k=1.0 is invalid: must be in [0, 1)"
+    assert rule_problem("k", 0, "(0, 1]") == "k=0 is invalid: must be in (0, 1]"
+    assert rule_problem("k", None, "> 0 or null") is None
+    assert rule_problem("k", None, "> 0") == "k=None is invalid: must be > 0"
+    assert rule_problem("k", 0, ">= 1") == "k=0 is invalid: must be >= 1" and rule_problem("k", 1, ">= 1") is None
+    assert rule_problem("k", True, "> 0") is not None  # a bool is not a number here
+    assert rule_problem("k", (0.9, 1.0), "each [0, 1)") == "k=(0.9, 1.0) is invalid: each must be in [0, 1)"
+    assert rule_problem("k", ["a", "c"], ("a", "b")) == "k='c' is not a valid option; choose one of: a, b"
+
+
+def test_every_declared_rule_names_a_field_and_is_readable():
+    import dataclasses
+
+    from cramming.config import PretrainConfig
+    from cramming.rules import declared_rules
+
+    def classes(cls):
+        yield cls
+        for f in dataclasses.fields(cls):
+            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+                yield from classes(f.default_factory)
+
+    for cls in classes(PretrainConfig):
+        assert set(getattr(cls, "RULES", {})) <= {f.name for f in dataclasses.fields(cls)}, cls
+    declared = {key: rule for key, _, rule in declared_rules(PretrainConfig())}
+    assert declared["arch.hidden_dropout"] == "[0, 1)" and declared["train.betas"] == "each [0, 1)"
+    assert len(declared) >= 30

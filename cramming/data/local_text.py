@@ -52,16 +52,16 @@ def fingerprint(files: list[Path]) -> list:
 ENCODING_ERRORS = ("strict", "replace", "ignore")
 
 
-def check_encoding(encoding: str, errors: str) -> None:
+def encoding_problem(encoding: str, errors: str) -> str | None:
     """data.encoding must be a codec Python knows, data.encoding_errors one of ENCODING_ERRORS."""
     try:
         codecs.lookup(encoding)
     except LookupError:
-        raise UserError(f"data.encoding={encoding!r} is not a text encoding Python knows; use a codec name such "
-                        "as utf-8, latin-1, cp1252 or utf-16") from None
+        return (f"data.encoding={encoding!r} is not a text encoding Python knows; use a codec name such as utf-8, "
+                "latin-1, cp1252 or utf-16")
     if errors not in ENCODING_ERRORS:
-        raise UserError(f"data.encoding_errors={errors!r} is not a valid option; choose one of: "
-                        f"{', '.join(ENCODING_ERRORS)}")
+        return f"data.encoding_errors={errors!r} is not a valid option; choose one of: {', '.join(ENCODING_ERRORS)}"
+    return None
 
 
 def locate_bad_bytes(path: Path, encoding: str) -> tuple[int, int, str]:

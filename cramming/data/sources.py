@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..model.registry import Registry
+from ..model.registry import Registry, invalid
 from . import hub, local_text
 
 SOURCES = Registry("data source")
@@ -51,6 +51,12 @@ class PythonDocs:
 
 @SOURCES.register("local-text")
 class LocalText:
+    @staticmethod
+    def problem(config) -> str | None:
+        if not config.data.path:
+            return invalid("data.path", config.data.path, "data=local-text needs data.path=<file, folder or glob>")
+        return None
+
     def __init__(self, cfg, cache_dir: Path):
         self.files = local_text.resolve_files(cfg.path)
         self.text_field, self.encoding, self.encoding_errors = cfg.text_field, cfg.encoding, cfg.encoding_errors
@@ -68,6 +74,13 @@ class LocalText:
 
 @SOURCES.register("hub")
 class Hub:
+    @staticmethod
+    def problem(config) -> str | None:
+        hub = config.data.hub
+        if not (hub and all(h.path for h in hub)):
+            return invalid("data.hub", hub, "name at least one hub dataset path")
+        return None
+
     def __init__(self, cfg, cache_dir: Path):
         self.sources = cfg.hub
 

@@ -120,14 +120,13 @@ def validate_eval(c: EvalRunConfig) -> None:
 
 
 def validate_impl(i) -> None:
-    """The impl keys eval.py reads (impl.resolve): without this, impl.precision=fp8 would quietly run as fp16."""
-    from .. import kernels  # noqa: F401  registers the Triton kernels by name
-    from ..model.attention import ATTENTION_KERNELS
-    from ..model.losses import LOSSES
-    from ..model.rotary import ROTARY_IMPLS
+    """The impl keys eval.py reads (impl.resolve): without this, impl.precision=fp8 would quietly run as fp16.
+    The same rules and registries as pretraining's impl (cramming/config.py)."""
+    from ..config import components, refuse
+    from ..rules import declared_rules, rule_problem
 
-    check_choice("impl.device", i.device, ("auto", "cuda", "cpu"))
-    check_choice("impl.precision", i.precision, ("auto", "fp32", "bf16", "fp16"))
-    check_choice("impl.attention", i.attention, ("auto", *ATTENTION_KERNELS))
-    check_choice("impl.rotary", i.rotary, ("auto", *ROTARY_IMPLS))
-    check_choice("impl.loss", i.loss, ("auto", *LOSSES))
+    for key, value, rule in declared_rules(i, "impl."):
+        refuse(rule_problem(key, value, rule))
+    for key, registry, extra, _ in components():
+        if key in ("impl.attention", "impl.rotary", "impl.loss"):
+            check_choice(key, getattr(i, key.removeprefix("impl.")), (*extra, *registry))

@@ -6,6 +6,7 @@ reads it without importing torch.
 """
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 
 @dataclass
@@ -68,3 +69,10 @@ class ArchConfig:
     init_std: float = 0.02
     hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
     attention_dropout: float = 0.0
+
+    # What each plain option accepts (cramming/rules.py); named components are checked by their registries.
+    RULES: ClassVar[dict] = {
+        "num_layers": "> 0", "hidden_size": "> 0", "num_heads": "> 0", "ffn_size": "> 0", "max_seq_length": "> 0",
+        "norm_position": ("pre", "post"), "gmlp_attn_dim": ">= 0", "linear_on": ("ffn", "attention"),
+        "init_std": "> 0", "hidden_dropout": "[0, 1)", "attention_dropout": "[0, 1)",
+    }

@@ -5,7 +5,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .linear import build_linear
-from .registry import Registry
+from .registry import Registry, invalid
 
 FFNS = Registry("ffn")
 ACTIVATIONS = Registry("activation")
@@ -34,6 +34,12 @@ class GLU(nn.Module):
 
     This is Cramming's form: the GLU halves the width and is not rescaled to keep parameters equal.
     """
+
+    @staticmethod
+    def problem(config) -> str | None:
+        if config.arch.ffn_size % 2:
+            return invalid("arch.ffn_size", config.arch.ffn_size, "must be even for a GLU")
+        return None
 
     def __init__(self, config):
         super().__init__()

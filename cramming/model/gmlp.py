@@ -13,6 +13,7 @@ from .attention import ATTENTION_KERNELS
 from .ffn import ACTIVATIONS
 from .linear import LinearMethods, build_linear
 from .norms import build_norm
+from .registry import invalid
 
 
 def linear_flops(module: nn.Module) -> int:
@@ -43,6 +44,17 @@ class TinyAttention(nn.Module):
 
 
 class GMLPBlock(nn.Module):
+    @staticmethod
+    def problem(config) -> str | None:
+        """Its spatial matrix is max_seq_length square, and it splits ffn_size in halves."""
+        a, seq_length = config.arch, config.data.seq_length
+        if a.ffn_size % 2:
+            return invalid("arch.ffn_size", a.ffn_size, "must be even for gmlp blocks (split in halves)")
+        if seq_length > a.max_seq_length:
+            return invalid("data.seq_length", seq_length, f"longer than the gmlp spatial matrix "
+                           f"(arch.max_seq_length={a.max_seq_length}); raise it")
+        return None
+
     def __init__(self, config, index: int = 0):
         super().__init__()
         self.half = half = config.ffn_size // 2

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .linear_btt import btt_count, btt_factors, btt_materialise, btt_multiply, btt_shapes, factorize
-from .registry import Registry
+from .registry import Registry, invalid
 
 LINEARS = Registry("linear layer")
 
@@ -41,6 +41,20 @@ def linear_problem(kind: str, in_features: int, out_features: int, **args) -> st
         if not _positive_int(value):
             return f"{kind} {name}={value!r} must be a positive integer"
     return cls.problem(in_features, out_features, **args)
+
+
+def projections_problem(config) -> str | None:
+    """What arch.linear cannot build among the projections of the parts in arch.linear_on (config: a
+    PretrainConfig), or None."""
+    a = config.arch
+    if a.linear == "dense":
+        return None
+    for part in a.linear_on:
+        for fan_in, fan_out in block_projections(a)[part]:
+            if problem := linear_problem(a.linear, fan_in, fan_out, **a.linear_args.given()):
+                return invalid("arch.linear", a.linear, f"cannot build the {part} projection {fan_in} -> {fan_out}: "
+                               f"{problem}")
+    return None
 
 
 def build_linear(config, part: str, in_features: int, out_features: int) -> nn.Module:

@@ -18,9 +18,9 @@ class Global:
         """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
         return {}
 
-    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
-        """What this pattern refuses for sequences of seq_length tokens (config: a PretrainConfig), or None;
-        length_name says in the message where that length comes from."""
+    def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
+        """What this pattern refuses for sequences of seq_length tokens (config: a PretrainConfig; by default
+        data.seq_length), or None; length_name says in the message where that length comes from."""
         return None
 
 
@@ -31,8 +31,8 @@ class Local(Global):
     def kernel_args(self, config) -> dict:
         return {"window": config.attention.window}
 
-    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
-        w = config.arch.attention.window
+    def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
+        w, seq_length = config.arch.attention.window, seq_length or config.data.seq_length
         if not 1 <= w <= seq_length:
             return invalid("arch.attention.window", w,
                            f"must be in [1, {length_name}={seq_length}] for local attention")
@@ -46,8 +46,8 @@ class Stepped(Global):
     def kernel_args(self, config) -> dict:
         return {"stepped": config.attention.window}
 
-    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
-        w = config.arch.attention.window
+    def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
+        w, seq_length = config.arch.attention.window, seq_length or config.data.seq_length
         if w < 1 or seq_length % w:
             return invalid("arch.attention.window", w,
                            f"stepped attention needs a block length that divides {length_name}={seq_length}")
@@ -63,8 +63,8 @@ class TopK(Global):
     def kernel_args(self, config) -> dict:
         return {"topk": config.attention.topk}
 
-    def problem(self, config, seq_length: int, length_name: str = "data.seq_length") -> str | None:
-        k = config.arch.attention.topk
+    def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
+        k, seq_length = config.arch.attention.topk, seq_length or config.data.seq_length
         if not 1 <= k <= seq_length:
             return invalid("arch.attention.topk", k, f"must be in [1, {length_name}={seq_length}]")
         return None

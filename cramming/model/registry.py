@@ -10,10 +10,14 @@ class Registry(dict):
         super().__init__()
         self.kind = kind
 
-    def register(self, name: str):
+    def register(self, name: str, problem=None):
+        """problem(run_config) -> str | None: what the entry refuses, for entries (functions) that cannot carry a
+        `problem` of their own."""
         def add(obj):
             if name in self:
                 raise KeyError(f"{self.kind} {name!r} registered twice")
+            if problem is not None:
+                obj.problem = problem
             self[name] = obj
             return obj
 
@@ -32,6 +36,12 @@ class Registry(dict):
         if name not in self:
             raise ValueError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self))}")
         return self[name]
+
+
+def own_problem(entry, config) -> str | None:
+    """What a registered entry refuses in a run config: its `problem(config)`, or None when it has none."""
+    problem = getattr(entry, "problem", None)
+    return problem(config) if problem is not None else None
 
 
 def invalid(key: str, value, requirement: str) -> str:

@@ -9,7 +9,7 @@ import torch
 
 from ..engines import Engine
 from ..errors import UserError
-from ..model.registry import Registry
+from ..model.registry import Registry, invalid
 from .lion import Lion
 
 OPTIMIZERS = Registry("optimizer")
@@ -48,7 +48,12 @@ def adamw(model, cfg):
     return fused_adamw(model.parameters(), cfg)
 
 
-@OPTIMIZERS.register("sgd")
+def sgd_problem(config) -> str | None:
+    momentum = config.train.optim.momentum
+    return None if 0 <= momentum < 1 else invalid("train.optim.momentum", momentum, "must be in [0, 1)")
+
+
+@OPTIMIZERS.register("sgd", problem=sgd_problem)
 def sgd(model, cfg):
     """SGD with (Nesterov) momentum; its weight decay is the classic L2 term added to the gradient."""
     momentum = cfg.optim.momentum
@@ -71,7 +76,18 @@ def hidden_matrices(model) -> list[torch.nn.Parameter]:
     return [p for p in blocks.parameters() if p.ndim == 2 and p.requires_grad]
 
 
-@OPTIMIZERS.register("muon")
+def muon_problem(config) -> str | None:
+    o = config.train.optim
+    if problem := optimizer_problem("muon"):
+        return problem
+    if o.muon_lr <= 0:
+        return invalid("train.optim.muon_lr", o.muon_lr, "must be > 0")
+    if not 0 <= o.muon_momentum < 1:
+        return invalid("train.optim.muon_momentum", o.muon_momentum, "must be in [0, 1)")
+    return None
+
+
+@OPTIMIZERS.register("muon", problem=muon_problem)
 def muon(model, cfg):
     """Muon (Jordan et al. 2024: momentum orthogonalised by a Newton-Schulz iteration) for the blocks' matrices at
     peak lr optim.muon_lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""
