@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .kv_cache import LayerCache, alibi_bias_at
 from .linear import build_linear
 from .masks import alibi_bias, alibi_slopes, visible_keys  # noqa: F401  (alibi_slopes: part of this API)
 from .norms import build_norm
@@ -101,6 +102,32 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
     return (probs @ v.float()).to(q.dtype)
 
 
+def attend_to_cache(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_args, dropout_p=0.0):
+    """The queries of the last q.shape[2] positions against all k.shape[2] keys (a KV cache's step), with the same
+    mask and bias as the square kernels: the pattern's mask at absolute positions, causality, padding, ALiBi and
+    the given bias. One formula for every impl.attention (the fused kernels need equal q and k lengths): SDPA with
+    the mask as an additive bias, or the eager formula for top-k; a query that sees nothing gets zeros."""
+    key_pos = torch.arange(k.shape[2], device=q.device)
+    query_pos = key_pos[k.shape[2] - q.shape[2]:]
+    visible = pattern.visible(query_pos, key_pos, **pattern_args)
+    if visible is None:
+        visible = torch.ones(query_pos.shape[0], key_pos.shape[0], dtype=torch.bool, device=q.device)
+    if causal:
+        visible = visible & (query_pos[:, None] >= key_pos[None, :])
+    visible = visible[None, None]
+    if key_padding_mask is not None:
+        visible = visible & key_padding_mask[:, None, None, :].bool()
+    additive = alibi_bias_at(query_pos, key_pos, q.shape[1]) if alibi else torch.zeros((), device=q.device)
+    if bias is not None:
+        additive = additive + bias.float()
+    additive = additive.masked_fill(~visible, float("-inf"))
+    if pattern_args.get("topk") is not None:
+        y = eager_attention(q, k, v, dropout_p=dropout_p, topk=pattern_args["topk"], bias=additive)
+    else:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=dropout_p)
+    return y.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+
+
 def autocast_dtype(q, k, v):
     """q, k, v in the autocast dtype. CUDA autocast runs layer/RMS norms in fp32 (CPU autocast in bf16), so with
     QK-norm q and k would reach the kernel as fp32 beside a bf16 v: every kernel gets one dtype instead."""
@@ -129,23 +156,40 @@ class SelfAttention(nn.Module):
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.causal
-        pattern = config.attention.pattern[index % len(config.attention.pattern)]
-        self.pattern_args = PATTERNS.get_or_explain(pattern).kernel_args(config)  # window=, stepped=, topk=
+        self.pattern = PATTERNS.get_or_explain(config.attention.pattern[index % len(config.attention.pattern)])
+        self.pattern_args = self.pattern.kernel_args(config)  # window=, stepped=, topk=
         positions = POSITIONS.get_or_explain(config.position)
         self.alibi = positions.alibi
         self.rotary = positions.rotation(config, index)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        """bias: an additive score bias shared by the layers (the T5 relative-position bias), or None."""
+                bias: torch.Tensor | None = None, cache: LayerCache | None = None) -> torch.Tensor:
+        """bias: an additive score bias shared by the layers (the T5 relative-position bias), or None.
+        cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones)."""
         batch, seq_len, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = autocast_dtype(q, k, v)
-        if self.rotary is not None:
-            q, k = self.rotary(q, k)
         dropout_p = self.dropout if self.training else 0.0
-        y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
-                        dropout_p=dropout_p, bias=bias, **self.pattern_args)
+        if cache is not None:
+            y = self.attend_with_cache(q, k, v, key_padding_mask, bias, cache, dropout_p)
+        else:
+            if self.rotary is not None:
+                q, k = self.rotary(q, k)
+            y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
+                            dropout_p=dropout_p, bias=bias, **self.pattern_args)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
+
+    def attend_with_cache(self, q, k, v, key_padding_mask, bias, cache: LayerCache, dropout_p: float):
+        """The new tokens sit at positions cache.past onwards: rotary turns them by those angles before their keys
+        are stored. With an empty cache (the prompt) the kernel runs as without a cache; later steps attend to the
+        whole cache (key_padding_mask and bias then cover every key)."""
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, cache.past)
+        k, v = cache.append(k, v)
+        if cache.past == 0:
+            return self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
+                               dropout_p=dropout_p, bias=bias, **self.pattern_args)
+        return attend_to_cache(q, k, v, key_padding_mask, self.causal, self.alibi, bias, self.pattern,
+                               self.pattern_args, dropout_p)

@@ -14,8 +14,22 @@ BLOCKS = Registry("block")
 BLOCKS.register("gmlp")(GMLPBlock)
 
 
+def cache_refusal(config) -> str | None:
+    """Why a model of these blocks cannot generate with a KV cache, or None. A block kind opts in with
+    `kv_cache = True` (its forward takes `cache`); the others are refused, so generation recomputes the prefix
+    instead of giving a wrong answer. gMLP is refused: its spatial gate mixes positions through a learned
+    (seq x seq) matrix and keeps no keys and values; caching it would mean storing every layer's gate inputs."""
+    kinds = sorted({kind for kind in config.layout if not getattr(BLOCKS.get_or_explain(kind), "kv_cache", False)})
+    if not kinds:
+        return None
+    return (f"no KV cache for arch.layout={config.layout}: {', '.join(kinds)} blocks keep no keys and values (only "
+            "attention blocks do); generation recomputes the prefix at every step")
+
+
 @BLOCKS.register("attention")
 class TransformerBlock(nn.Module):
+    kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
+
     def __init__(self, config, index: int = 0):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
@@ -31,9 +45,10 @@ class TransformerBlock(nn.Module):
         4 * seq * hidden, half of it when causal (FlashAttention's convention: the masked half is skipped)."""
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, bias=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, bias=None,
+                cache=None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias))
+            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias, cache))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias)))
+        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias, cache)))
         return self.norm2(x + self.dropout(self.ffn(x)))

@@ -9,15 +9,17 @@ Only relative imports: Hugging Face copies this folder flat for `trust_remote_co
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput,
+                                           SequenceClassifierOutput)
 
-from .block import BLOCKS
+from .block import BLOCKS, cache_refusal
 from .configuration_crammed import CrammedConfig
 from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
 from .inits import INITS
+from .kv_cache import CACHE_KEY, LayerCache
 from .losses import LOSSES
 from .norms import ScaleNorm, build_norm
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
@@ -89,9 +91,13 @@ class CrammedModel(CrammedPreTrainedModel):
     def set_input_embeddings(self, value):
         self.tokens = value
 
-    def forward(self, input_ids, attention_mask=None, return_dict=None, **unused) -> BaseModelOutput:
+    def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, **unused) -> BaseModelOutput:
+        """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
+        after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too."""
+        seq_len = input_ids.shape[1]
+        past = 0 if cache is None else self.cache_length(cache, attention_mask, seq_len)
         x = self.tokens(input_ids)
-        pos = self.positions(input_ids.shape[1])
+        pos = self.positions(seq_len, past)
         if pos is not None:
             x = x + pos.to(x.dtype)
         x = self.dropout(self.embedding_norm(x))
@@ -99,11 +105,24 @@ class CrammedModel(CrammedPreTrainedModel):
         key_padding_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_padding_mask = attention_mask.bool()
-        shared_bias = self.rpe(input_ids.shape[1]) if self.rpe is not None and self.config.rpe_cache else None
-        for layer in self.layers:
-            bias = shared_bias if self.rpe is None or self.config.rpe_cache else self.rpe(input_ids.shape[1])
-            x = layer(x, key_padding_mask, bias)
+        shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe_cache else None
+        for i, layer in enumerate(self.layers):
+            bias = shared_bias if self.rpe is None or self.config.rpe_cache else self.rpe(seq_len, past)
+            if cache is None:
+                x = layer(x, key_padding_mask, bias)
+            else:
+                x = layer(x, key_padding_mask, bias, LayerCache(cache, i, past))
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
+
+    def cache_length(self, cache, attention_mask, seq_len: int) -> int:
+        """How many tokens the cache holds, after checking that these blocks can use one (block.cache_refusal)."""
+        if (refusal := cache_refusal(self.config)) is not None:
+            raise ValueError(refusal)
+        past = cache.get_seq_length()
+        if attention_mask is not None and attention_mask.shape[1] != past + seq_len:
+            raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns for {past} cached and {seq_len} "
+                             "new tokens: with a KV cache it covers the cached tokens and the new ones")
+        return past
 
 
 class CrammedForMaskedLM(CrammedPreTrainedModel):
@@ -151,8 +170,13 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
 
 
 class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
-    """Decoder + next-token head (tied to the token embeddings). Generation recomputes the whole prefix at each
-    step (no KV cache): these models are small and their contexts short; the cache is not worth its code."""
+    """Decoder + next-token head (tied to the token embeddings).
+
+    `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
+    new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
+    those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
+    blocks keep no keys and values (gMLP, block.cache_refusal) always take the uncached path.
+    """
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
 
@@ -173,19 +197,41 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.decoder = value
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **unused):
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, **kwargs):
+        """Only the tokens the cache has not seen, with the attention mask of all of them; every token when the
+        cache is off or refused (whatever step generate is at, so a refused cache never truncates the input)."""
+        cache = kwargs.get(CACHE_KEY)
+        if use_cache is False or cache_refusal(self.config) is not None:
+            return {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+        cache = cache if cache is not None else DynamicCache(config=self.config)
+        return {"input_ids": input_ids[:, cache.get_seq_length():], "attention_mask": attention_mask,
+                CACHE_KEY: cache, "use_cache": True}
 
-    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> CausalLMOutput:
-        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+    def cache_to_use(self, cache, use_cache):
+        """The cache this forward fills: the given one, a new DynamicCache for use_cache=True, or None. Blocks that
+        refuse a cache (block.cache_refusal) get None for the empty one generate passes; a filled one is an error."""
+        if use_cache is False or (cache is None and not use_cache):
+            return None
+        if (refusal := cache_refusal(self.config)) is not None:
+            if cache is not None and cache.get_seq_length():
+                raise ValueError(refusal)
+            return None
+        return cache if cache is not None else DynamicCache(config=self.config)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, return_dict=None,
+                **kwargs) -> CausalLMOutputWithPast:
+        """With `use_cache=True` or a cache given (under the name transformers uses, kv_cache.CACHE_KEY), the
+        cache is filled and returned; input_ids are then the tokens after the cached ones."""
+        cache = self.cache_to_use(kwargs.get(CACHE_KEY), use_cache)
+        hidden = self.encoder(input_ids, attention_mask, cache=cache).last_hidden_state
         if labels is None:
-            return CausalLMOutput(logits=self.decoder(hidden))
+            return CausalLMOutputWithPast(logits=self.decoder(hidden), **{CACHE_KEY: cache})
         # Position t predicts token t + 1; the last position predicts nothing (-100). Shift the targets, not the
         # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
         # gradient backward, a tenth of a small model's CPU step.
         targets = F.pad(labels[:, 1:], (0, 1), value=-100)
         loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(hidden, self.decoder, targets, self.training)
-        return CausalLMOutput(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
 
 
 class CrammedForSequenceClassification(CrammedPreTrainedModel):

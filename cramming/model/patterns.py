@@ -1,6 +1,7 @@
 """Attention patterns by name (`arch.attention.pattern`, cycled over the attention blocks): which keys a query
 may see. A pattern turns the config into the mask arguments every attention kernel takes (their meaning:
-masks.py) and says which settings it refuses. A new pattern is one class here plus its registry line.
+masks.py), says which settings it refuses, and gives its mask for queries that do not start at position 0 (the new
+tokens of a KV cache, `visible`). A new pattern is one class here plus its registry line.
 """
 
 from .registry import Registry, invalid
@@ -18,6 +19,12 @@ class Global:
         """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
         return {}
 
+    def visible(self, query_pos, key_pos, **kernel_args):
+        """Which keys the queries at query_pos may see, by this pattern alone (causality and padding come on top):
+        a (queries, keys) bool tensor, or None for all of them. kernel_args: what kernel_args gave. The rule of
+        masks.py, at absolute positions."""
+        return None
+
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
         """What this pattern refuses for sequences of seq_length tokens (config: a PretrainConfig; by default
         data.seq_length), or None; length_name says in the message where that length comes from."""
@@ -30,6 +37,9 @@ class Local(Global):
 
     def kernel_args(self, config) -> dict:
         return {"window": config.attention.window}
+
+    def visible(self, query_pos, key_pos, window=None, **unused):
+        return (query_pos[:, None] - key_pos[None, :]).abs() <= window
 
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
         w, seq_length = config.arch.attention.window, seq_length or config.data.seq_length
@@ -46,6 +56,10 @@ class Stepped(Global):
     def kernel_args(self, config) -> dict:
         return {"stepped": config.attention.window}
 
+    def visible(self, query_pos, key_pos, stepped=None, **unused):
+        block_offset = query_pos[:, None] // stepped - key_pos[None, :] // stepped
+        return (block_offset == 0) | (block_offset == 1)
+
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
         w, seq_length = config.arch.attention.window, seq_length or config.data.seq_length
         if w < 1 or seq_length % w:
@@ -56,7 +70,8 @@ class Stepped(Global):
 
 @PATTERNS.register_one("topk")
 class TopK(Global):
-    """Only the arch.attention.topk largest scores of each query (needs the scores: the eager kernel)."""
+    """Only the arch.attention.topk largest scores of each query (needs the scores: the eager kernel). Its mask is
+    the scores' own, so `visible` is Global's: every key, of which the top k are kept."""
 
     kernel_note = "top-k attention keeps each query's largest scores, which a fused kernel never holds"
 

@@ -32,8 +32,9 @@ class LearnedPositions(nn.Module):
         super().__init__()
         self.embedding = nn.Embedding(config.max_seq_length, config.hidden_size)
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        return self.embedding.weight[:seq_len]
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        """The rows of positions offset .. offset + seq_len - 1 (offset: tokens already in a KV cache)."""
+        return self.embedding.weight[offset:offset + seq_len]
 
 
 class SinusoidalPositions(nn.Module):
@@ -43,8 +44,8 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         self.register_buffer("table", sinusoid_table(config.max_seq_length, config.hidden_size), persistent=False)
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        return self.table[:seq_len]
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        return self.table[offset:offset + seq_len]
 
 
 class ScaledSinusoidalPositions(SinusoidalPositions):
@@ -54,8 +55,8 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
         super().__init__(config)
         self.scale = nn.Parameter(torch.full((1,), 1.0 / math.sqrt(config.hidden_size)))  # 1-D for FSDP2
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        return self.scale * self.table[:seq_len]
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        return self.scale * self.table[offset:offset + seq_len]
 
 
 class NoPositions(nn.Module):
@@ -64,7 +65,7 @@ class NoPositions(nn.Module):
     def __init__(self, config):
         super().__init__()
 
-    def forward(self, seq_len: int):
+    def forward(self, seq_len: int, offset: int = 0):
         return None
 
 

@@ -92,9 +92,17 @@ class Rotation:
     def __init__(self, config):
         self.kernel = ROTARY_IMPLS.get_or_explain(config.rotary_impl)
         self.pct, self.base, self.interleaved = config.rotary_pct, config.rotary_base, config.rotary_interleaved
+        self.max_seq_length = config.max_seq_length
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """offset: the absolute position of the first token (tokens already in a KV cache). Generation asks for
+        the table of max_seq_length positions and slices it, so the growing prefix reuses one cached table."""
         rotary_dim = int(q.shape[-1] * self.pct) // 2 * 2
-        cos, sin = rotary_cos_sin(q.shape[2], rotary_dim, self.base, q.device, torch.float32)
+        if offset:
+            cos, sin = rotary_cos_sin(max(self.max_seq_length, offset + q.shape[2]), rotary_dim, self.base, q.device,
+                                      torch.float32)
+            cos, sin = cos[offset:offset + q.shape[2]], sin[offset:offset + q.shape[2]]
+        else:
+            cos, sin = rotary_cos_sin(q.shape[2], rotary_dim, self.base, q.device, torch.float32)
         return (self.kernel(q, cos, sin, None, self.pct, self.interleaved),
                 self.kernel(k, cos, sin, None, self.pct, self.interleaved))

@@ -31,9 +31,10 @@ class RelativePositionBias(nn.Module):
         self.num_buckets, self.max_distance = config.rpe_buckets, config.rpe_max_distance
         self.embedding = nn.Embedding(config.rpe_buckets, config.num_heads)
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        """(1, heads, seq, seq) bias."""
-        pos = torch.arange(seq_len, device=self.embedding.weight.device)
-        buckets = relative_buckets(pos[None, :] - pos[:, None], self.bidirectional, self.num_buckets,
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        """(1, heads, seq, offset + seq) bias of the queries at offset .. offset + seq - 1 (offset: tokens already
+        in a KV cache) against every key up to them."""
+        pos = torch.arange(offset + seq_len, device=self.embedding.weight.device)
+        buckets = relative_buckets(pos[None, :] - pos[offset:, None], self.bidirectional, self.num_buckets,
                                    self.max_distance)
         return self.embedding(buckets).permute(2, 0, 1)[None]
