@@ -170,6 +170,7 @@ class ImplConfig:
     num_workers: int = 0
     distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs (impl.py)
 
 
 @dataclass
@@ -353,6 +354,8 @@ def validate(c: PretrainConfig) -> None:
     check_choice("impl.distributed", i.distributed, ENGINES)
     check_choice("impl.loss", i.loss, ("auto", *LOSSES))
     refuse(engine_settings_problem(c))
+    from .impl import compile_problem  # issue 19: impl.compile_mode
+    refuse(compile_problem(c))
 
 
 def refuse(problem: str | None) -> None:
