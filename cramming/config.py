@@ -70,6 +70,10 @@ class ArchConfig:
     init_std: float = 0.02
     hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
     attention_dropout: float = 0.0
+    logit_softcap: float | None = None  # issue 19: c * tanh(logits / c) on the LM head's logits; null = off
+    zero_init_out: bool = False  # issue 19: attention and FFN output projections start at zero
+    value_embeddings: int = 0  # issue 19: token-embedding tables mixed into the first and last k layers' values
+    unet_skips: bool = False  # issue 19: first half's block outputs added to the mirrored second half's inputs
 
 
 @dataclass
@@ -148,6 +152,7 @@ class TrainConfig:
     nonfinite: str = "skip"  # skip | halt | rollback
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
+    window_schedule: list | None = None  # issue 19: [[budget_fraction, window], ...] for local/stepped attention
 
 
 @dataclass
@@ -354,8 +359,10 @@ def validate(c: PretrainConfig) -> None:
     check_choice("impl.distributed", i.distributed, ENGINES)
     check_choice("impl.loss", i.loss, ("auto", *LOSSES))
     refuse(engine_settings_problem(c))
-    from .impl import compile_problem  # issue 19: impl.compile_mode
-    refuse(compile_problem(c))
+    from .impl import compile_problem  # issue 19: impl.compile_mode, the speedrun's blocks, the window warm-up
+    from .model.speedrun import problem as speedrun_problem
+    from .train.schedule import window_schedule_problem
+    refuse(compile_problem(c) or speedrun_problem(c) or window_schedule_problem(c))
 
 
 def refuse(problem: str | None) -> None:

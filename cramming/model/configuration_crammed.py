@@ -57,6 +57,10 @@ class CrammedConfig(PretrainedConfig):
         cls_token_id: int = 2,
         sep_token_id: int = 3,
         mask_token_id: int = 4,
+        logit_softcap: float | None = None,
+        zero_init_out: bool = False,
+        value_embeddings: int = 0,
+        unet_skips: bool = False,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -105,6 +109,10 @@ class CrammedConfig(PretrainedConfig):
         self.loss_impl = loss_impl  # fused | plain: how training computes the head's loss (model/fused_loss.py)
         self.cls_token_id = cls_token_id
         self.mask_token_id = mask_token_id
+        self.logit_softcap = logit_softcap  # c * tanh(logits / c) on the LM head's logits; None = off (softcap.py)
+        self.zero_init_out = zero_init_out  # residual branches' output projections start at zero (inits.py)
+        self.value_embeddings = value_embeddings  # tables mixed into the first and last layers' values
+        self.unet_skips = unet_skips  # first half's outputs added to the mirrored second half's inputs (unet.py)
         kwargs.pop("tie_word_embeddings", None)  # derived from tie_embeddings; present when loading a saved config
         super().__init__(
             pad_token_id=pad_token_id,
