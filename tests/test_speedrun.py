@@ -288,6 +288,8 @@ def test_a_run_follows_the_window_schedule_and_resumes_it_exactly(windows_seen, 
     (["train.window_schedule=[[0.5,4],[0.4,8]]"], "must add up to 1"),
     (["train.window_schedule=[[0.5,4],[0.5,64]]"], "its window 64 is refused"),
     (["train.window_schedule=[[0.5,4],[0.5,5]]", "arch.attention.pattern=[stepped]"], "its window 5 is refused"),
+    (["train.window_schedule=[[0.5,4],[0.5,8]]", "arch.attention.pattern=[stepped]", "arch.position=rotary",
+      "train.seq_schedule=[[0.5,32],[0.5,64]]", "arch.attention.window=1"], "its window 4 is refused: .* a train.seq_schedule stage=63"),
     (["train.window_schedule=[[0.1,1],[0.1,2],[0.1,3],[0.1,4],[0.1,5],[0.1,6],[0.1,7],[0.1,8],[0.2,9]]",
       "impl.compile=true"], "past torch's recompile limit of 8"),
 ])

@@ -11,6 +11,7 @@ The trainer evaluates the schedule *before* each step, at the progress reached s
 progress 0. A warm-up that started at exactly 0 would make that step a no-op; it starts at WARMUP_FLOOR instead.
 """
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,10 +168,20 @@ def window_schedule_problem(config) -> str | None:
                        f"{attention.pattern}), whose window it changes")
     for _, window in stages:
         arch = replace(config.arch, attention=replace(attention, window=window))
-        for pattern in windowed:
-            if problem := PATTERNS[pattern].problem(replace(config, arch=arch), config.data.seq_length):
+        for pattern, (length, name) in itertools.product(windowed, trained_lengths(config)):
+            if problem := PATTERNS[pattern].problem(replace(config, arch=arch), length, name):
                 return invalid(key, stages, f"its window {window} is refused: {problem}")
     return compiled_windows_problem(config, {window for _, window in stages})
+
+
+def trained_lengths(config) -> list[tuple[int, str]]:
+    """(tokens, where the length comes from) of every sequence the run trains on: each window must suit each."""
+    from .curriculum import sequence_length, stage_factors
+
+    seq_length = config.data.seq_length
+    stages = config.train.seq_schedule
+    return [(seq_length, "data.seq_length")] + [(sequence_length(seq_length, k), "a train.seq_schedule stage")
+                                                for _, k in stage_factors(stages, seq_length) if stages and k > 1]
 
 
 def compiled_windows_problem(config, windows: set) -> str | None:
