@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from ..engines import Engine
 from ..errors import RunStopped
+from ..model.window import set_attention_window
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .nonfinite import NONFINITE
-from ..model.window import set_attention_window
 from .schedule import SCHEDULES, batch_size_at, window_at
 from .signals import EXIT_PREEMPTED, StopFlag
 
