@@ -97,6 +97,7 @@ class TrainConfig:
     nonfinite: str = "skip"  # skip | halt | rollback
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
+    window_schedule: list | None = None  # [[budget_fraction, window], ...]: the local/stepped window grows with the run
 
     RULES: ClassVar[dict] = {
         "lr": "> 0", "betas": "each [0, 1)", "grad_clip": "> 0 or null", "batch_size": "> 0", "batch_ramp": "[0, 1)",
@@ -127,6 +128,7 @@ class ImplConfig:
     num_workers: int = 0
     distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs (impl.py)
 
     RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16"),
                              "num_workers": ">= 0"}
@@ -247,6 +249,9 @@ def across_sections(c: PretrainConfig):
     """The checks that read more than one option or the machine, lazily: the first one that fails stops."""
     from .data.local_text import encoding_problem
     from .engines import settings_problem
+    from .impl import compile_problem
+    from .model.speedrun import problem as speedrun_problem
+    from .train.schedule import window_schedule_problem
 
     a, t = c.arch, c.train
     yield None if c.name.strip() else invalid("name", c.name, "name the run (its folder is outputs/<name>/<date>)")
@@ -263,6 +268,10 @@ def across_sections(c: PretrainConfig):
         yield seq_schedule_problem(c)
     yield microbatch_problem(c)
     yield settings_problem(c)
+    yield compile_problem(c)
+    yield speedrun_problem(c)  # the speedrun's blocks (model/speedrun.py)
+    if t.window_schedule:
+        yield window_schedule_problem(c)
 
 
 def microbatch_problem(c: PretrainConfig) -> str | None:

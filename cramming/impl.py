@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UserError
+from .model.registry import Registry, invalid
 
 # Dense bf16 tensor-core peaks (TFLOP/s) from the vendor datasheets, by a part of torch.cuda.get_device_name();
 # the longest part found wins, since one name holds another ("H200" in "H200 NVL", "L4" in "L40S").
@@ -23,6 +24,7 @@ class Runtime:
     attention: str = "sdpa"  # a name in ATTENTION_KERNELS
     rotary: str = "torch"  # a name in ROTARY_IMPLS
     loss: str = "plain"  # fused | plain (model/fused_loss.py)
+    compile_mode: str = "default"  # a name in COMPILE_MODES: what the engine passes to torch.compile
 
     def autocast(self):
         """A context factory: autocast for bf16/fp16, nothing for fp32."""
@@ -113,4 +115,69 @@ def resolve(impl, arch=None) -> Runtime:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device, dtype)
     loss = impl.loss if impl.loss != "auto" else auto_loss(device)
-    return Runtime(device, precision, compile_, attention, rotary, loss)
+    if problem := compile_mode_problem(impl.compile_mode, compile_, impl.compile, device.type):
+        raise UserError(problem)
+    return Runtime(device, precision, compile_, attention, rotary, loss, impl.compile_mode)
+
+
+
+@dataclass(frozen=True)
+class CompileMode:
+    """One `impl.compile_mode`: the mode torch.compile gets (None: its default) and whether it records CUDA graphs,
+    as torch itself lists the mode's inductor options."""
+
+    name: str
+
+    @property
+    def torch_mode(self) -> str | None:
+        return None if self.name == "default" else self.name
+
+    @property
+    def cuda_graphs(self) -> bool:
+        import torch._inductor
+
+        return bool(torch._inductor.list_mode_options(self.torch_mode).get("triton.cudagraphs"))
+
+
+COMPILE_MODES = Registry("compile mode")
+for _name in ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"):
+    COMPILE_MODES[_name] = CompileMode(_name)
+
+
+def compile_mode_problem(name: str, compiled: bool, asked, device_type: str | None) -> str | None:
+    """What impl.compile_mode refuses with compile on or off (`asked`: impl.compile as given) on this device type
+    (None: not known yet), or None."""
+    if name not in COMPILE_MODES:
+        return f"impl.compile_mode={name!r} is not a valid option; choose one of: {', '.join(sorted(COMPILE_MODES))}"
+    if name == "default":
+        return None
+    if not compiled:
+        why = "impl.compile=false" if asked is False else f"impl.compile=null (off on {device_type})"
+        return invalid("impl.compile_mode", name, f"{why} compiles nothing; set impl.compile=true or drop the mode")
+    if COMPILE_MODES[name].cuda_graphs and device_type not in (None, "cuda"):
+        return invalid("impl.compile_mode", name, f"it records CUDA graphs, which need a CUDA device (device is "
+                       f"{device_type}); use impl.compile_mode=max-autotune-no-cudagraphs or default")
+    return None
+
+
+def compile_problem(config) -> str | None:
+    """impl.compile_mode against the rest of the config, at load time (the device is checked again once known)."""
+    i = config.impl
+    device = None if i.device == "auto" else i.device
+    compiled = i.compile if i.compile is not None else (None if device is None else device == "cuda")
+    if problem := compile_mode_problem(i.compile_mode, compiled is not False, i.compile, device):
+        return problem
+    if i.compile_mode != "default" and i.distributed == "deepspeed":
+        return invalid("impl.compile_mode", i.compile_mode, "DeepSpeed's engine compiles itself in place, with "
+                       "torch's default mode; use impl.compile_mode=default or impl.distributed=ddp")
+    return None
+
+
+def compile_note(config) -> str | None:
+    """CUDA graphs hold one recording per input shape: a sequence curriculum's stages each record their own (torch
+    re-records a graph for every distinct shape). They work, at a memory cost worth a line before the run."""
+    mode, stages = COMPILE_MODES[config.impl.compile_mode], config.train.seq_schedule
+    if not mode.cuda_graphs or not stages or len({length for _, length in stages}) < 2:
+        return None
+    return (f"note: impl.compile_mode={mode.name} records one CUDA graph (and its memory pool) per input shape, "
+            f"and train.seq_schedule has {len({length for _, length in stages})} lengths")

@@ -104,7 +104,9 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_sigkill_while_writing_leaves_the_previous_checkpoint",
               "test_a_run_switches_length_and_keeps_tokens_per_step", "test_offline_run_logs_the_config_and_every_scalar",
               "test_report_end_to_end", "test_periodic_validation_pauses_the_budget_clock",
-              "test_every_block_option_trains_for_both_objectives"}
+              "test_every_block_option_trains_for_both_objectives",
+              "test_the_command_line_refusal_is_one_line_with_exit_2",
+              "test_a_run_follows_the_window_schedule_and_resumes_it_exactly", "test_speedrun_smoke_run"}
 
 
 def pytest_collection_modifyitems(items):

@@ -59,6 +59,7 @@ NONDEFAULT = {
     "tie_embeddings": (False, []), "objective": ("clm", []), "head_transform": (True, []),
     "sparse_prediction": (False, []), "init": ("small", []), "init_std": (0.05, []), "hidden_dropout": (0.2, []),
     "attention_dropout": (0.3, []),
+    "logit_softcap": (15.0, []), "zero_init_out": (True, []), "value_embeddings": (1, []), "unet_skips": (True, []),
 }
 
 

@@ -20,6 +20,7 @@ class Engine:
     active = False  # several processes share the run
     stops_within_step = True  # the budget is checked inside a long accumulated step (ranks could not agree there)
     state_folder = None  # the checkpoint's sub-folder holding this engine's own state files, if it has one
+    compile_mode = "default"  # impl.compile_mode, learnt in prepare() for compile()
 
     def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):
         self.rank, self.world, self.local_rank = rank, world, local_rank
@@ -84,11 +85,22 @@ class Engine:
 
     def prepare(self, model, optimizer, config, runtime, microbatch: int):
         """(model, optimizer, grad scaler) as the loop will use them."""
+        self.learn_compile_mode(config, runtime)
         return model, optimizer, runtime.grad_scaler()
+
+    def learn_compile_mode(self, config, runtime) -> None:
+        """compile() is called with the model alone: the mode it passes on comes from the run's runtime here."""
+        from ..impl import compile_note
+
+        self.compile_mode = runtime.compile_mode
+        if runtime.compile and self.main and (note := compile_note(config)):
+            print(note, flush=True)
 
     def compile(self, model):
         """The module the loop calls (torch.compile's wrapper); checkpoints keep using `model`."""
-        return torch.compile(model)
+        from ..impl import COMPILE_MODES
+
+        return torch.compile(model, mode=COMPILE_MODES[self.compile_mode].torch_mode)
 
     @staticmethod
     def unwrap(model):

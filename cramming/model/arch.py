@@ -69,6 +69,10 @@ class ArchConfig:
     init_std: float = 0.02
     hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
     attention_dropout: float = 0.0
+    logit_softcap: float | None = None  # c * tanh(logits / c) on the LM head's logits (the speedrun's); null = off
+    zero_init_out: bool = False  # attention and FFN output projections start at zero
+    value_embeddings: int = 0  # token-embedding tables mixed into the values of the first and last k layers
+    unet_skips: bool = False  # first half's block outputs added to the mirrored second half's inputs
 
     # What each plain option accepts (cramming/rules.py); named components are checked by their registries.
     RULES: ClassVar[dict] = {

@@ -16,6 +16,7 @@ from .norms import build_norm
 from .patterns import PATTERNS
 from .positions import POSITIONS
 from .registry import Registry
+from .value_embeddings import ValueMix, value_layers
 
 ATTENTION_KERNELS = Registry("attention kernel")
 # What a kernel may be asked beyond q, k, v and the padding / causal masks: the patterns' mask arguments (window,
@@ -157,19 +158,24 @@ class SelfAttention(nn.Module):
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.causal
         self.pattern = PATTERNS.get_or_explain(config.attention.pattern[index % len(config.attention.pattern)])
-        self.pattern_args = self.pattern.kernel_args(config)  # window=, stepped=, topk=
+        self.pattern_args = self.pattern.kernel_args(config)  # window=, stepped=, topk=; train.window_schedule re-reads them
         positions = POSITIONS.get_or_explain(config.position)
         self.alibi = positions.alibi
         self.rotary = positions.rotation(config, index)
+        self.value_mix = ValueMix() if index in value_layers(config) else None  # arch.value_embeddings
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, cache: LayerCache | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, cache: LayerCache | None = None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
         """bias: an additive score bias shared by the layers (the T5 relative-position bias), or None.
-        cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones)."""
+        cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones).
+        value_embedding: this layer's (batch, seq, hidden) value embedding (value_embeddings.py), or None."""
         batch, seq_len, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
+        if value_embedding is not None:
+            v = self.value_mix(v, value_embedding)
         q, k, v = autocast_dtype(q, k, v)
         dropout_p = self.dropout if self.training else 0.0
         if cache is not None:

@@ -46,9 +46,9 @@ class TransformerBlock(nn.Module):
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, bias=None,
-                cache=None) -> torch.Tensor:
+                cache=None, value_embedding=None) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias, cache))
+            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias, cache, value_embedding))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias, cache)))
+        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias, cache, value_embedding)))
         return self.norm2(x + self.dropout(self.ffn(x)))

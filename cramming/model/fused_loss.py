@@ -5,7 +5,8 @@ in fresh memory: at a 32k vocabulary and 2k rows that is 256 MB apiece, and on a
 traffic cost about as much as the matmuls around them. Here each chunk's logits turn into their own gradient in
 place (softmax minus one-hot) and are consumed at once by the two gradient matmuls, so one chunk is the peak and
 nothing but the two gradients is kept for backward. The FLOPs are the same. For training only: evaluation wants
-the logits themselves.
+the logits themselves. With a soft cap (softcap.py) each chunk's logits are capped before the softmax and the
+gradient goes back through the cap's slope, 1 - (capped / c)^2.
 """
 
 import torch
@@ -14,10 +15,10 @@ CHUNK_ELEMENTS = 2**23  # logits per chunk: 32 MB in fp32, 256 rows of a 32k voc
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """mean over rows with target != -100 of cross_entropy(hidden @ weight.T + bias, target)."""
+    """mean over rows with target != -100 of cross_entropy(soft_cap(hidden @ weight.T + bias, softcap), target)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets):
+    def forward(ctx, hidden, weight, bias, targets, softcap=None):
         device = hidden.device.type
         # under autocast the matmuls run in its dtype, as the plain nn.Linear would; the softmax runs in fp32
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
@@ -35,6 +36,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
             rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
             buffer = torch.empty(min(rows, h.shape[0]), weight.shape[0], dtype=torch.float32, device=hidden.device)
+            slopes = None if softcap is None else torch.empty_like(buffer)
             for start in range(0, h.shape[0], rows):
                 chunk, keep = h[start:start + rows], valid[start:start + rows]
                 target = targets[start:start + rows].clamp(min=0)[:, None]
@@ -45,12 +47,19 @@ class LinearCrossEntropy(torch.autograd.Function):
                     logits.copy_(chunk @ w.t())
                 if b is not None:
                     logits += b
+                if softcap is not None:
+                    slope = slopes[:chunk.shape[0]]
+                    torch.square(logits.div_(softcap).tanh_(), out=slope)
+                    slope.neg_().add_(1.0)  # d capped / d logits
+                    logits.mul_(softcap)
                 lse = torch.logsumexp(logits, dim=-1, keepdim=True)
                 total += ((lse.squeeze(1) - logits.gather(1, target).squeeze(1)) * keep).sum()
                 # d(mean loss)/d(logits) = (softmax - one_hot) / count on kept rows, zero on ignored ones
                 grad = logits.sub_(lse).exp_()
                 grad.scatter_add_(1, target, -keep[:, None].float())
                 grad.mul_(keep[:, None] * scale)
+                if softcap is not None:
+                    grad.mul_(slope)
                 if plain:
                     torch.matmul(grad, w, out=grad_hidden[start:start + rows])
                     if start == 0:  # the first chunk writes, the others add: no zero-filled start
@@ -73,9 +82,11 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
         grad_bias = (grad_bias * grad_loss).to(ctx.weight_dtype) if ctx.has_bias else None
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight, grad_bias, None
+        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight, grad_bias, None, None
 
 
-def linear_cross_entropy(hidden, weight, bias, targets):
-    """The loss of `nn.Linear(weight, bias)` followed by `F.cross_entropy(ignore_index=-100)`, fused."""
-    return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1))
+def linear_cross_entropy(hidden, weight, bias, targets, softcap=None):
+    """The loss of `nn.Linear(weight, bias)`, soft-capped at `softcap` (None: off), followed by
+    `F.cross_entropy(ignore_index=-100)`, fused."""
+    return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
+                                    softcap)

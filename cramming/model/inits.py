@@ -1,7 +1,7 @@
 """Weight initialisations by name (`arch.init`): the std of the normal each linear or embedding weight is drawn
 from. A residual branch's output projection is marked `residual_output` (attention.py, ffn.py, gmlp.py)."""
 
-from .registry import Registry
+from .registry import Registry, invalid
 
 INITS = Registry("init")
 
@@ -31,3 +31,22 @@ class MegatronScaled(Normal):
         if getattr(module, "residual_output", False):
             return config.init_std / (2 * config.num_layers) ** 0.5
         return config.init_std
+
+
+def init_std(config, module) -> float:
+    """The std arch.init gives this module's weight; 0 for a residual branch's output projection under
+    arch.zero_init_out (the speedrun's zero-initialised projections: every block starts as the identity, and the
+    branch's other weights get gradients once its output projection has moved)."""
+    if getattr(config, "zero_init_out", False) and getattr(module, "residual_output", False):
+        return 0.0
+    return INITS.get_or_explain(config.init).std(config, module)
+
+
+def zero_init_problem(config) -> str | None:
+    """arch.zero_init_out (config: a PretrainConfig) zeroes dense projections only: a structured layer's output is a
+    product of factors, and zero factors would give each other zero gradients for ever."""
+    a = config.arch
+    if a.zero_init_out and a.linear != "dense" and a.linear_on:
+        return invalid("arch.zero_init_out", True, f"needs dense projections, and arch.linear={a.linear} is a "
+                       "product of factors (all zero, none would get a gradient); use arch.linear=dense")
+    return None

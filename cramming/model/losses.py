@@ -11,22 +11,25 @@ from torch.nn import functional as F
 
 from .fused_loss import linear_cross_entropy
 from .registry import Registry
+from .softcap import soft_cap
 
 LOSSES = Registry("loss")
 
 
 @LOSSES.register_one("plain")
 class PlainLoss:
-    def __call__(self, hidden: torch.Tensor, decoder: nn.Linear, targets: torch.Tensor, training: bool):
-        """(mean cross-entropy over targets != -100, logits or None)."""
-        logits = decoder(hidden)
+    def __call__(self, hidden: torch.Tensor, decoder: nn.Linear, targets: torch.Tensor, training: bool,
+                 softcap: float | None = None):
+        """(mean cross-entropy over targets != -100, logits or None); the logits soft-capped at softcap if set."""
+        logits = soft_cap(decoder(hidden), softcap)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
         return loss, logits
 
 
 @LOSSES.register_one("fused")
 class FusedLoss(PlainLoss):
-    def __call__(self, hidden, decoder, targets, training):
+    def __call__(self, hidden, decoder, targets, training, softcap=None):
         if not training:
-            return super().__call__(hidden, decoder, targets, training)
-        return linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets), None  # no logits, ever in full
+            return super().__call__(hidden, decoder, targets, training, softcap)
+        # no logits, ever in full
+        return linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets, softcap), None

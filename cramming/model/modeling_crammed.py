@@ -18,11 +18,14 @@ from .block import BLOCKS, cache_refusal
 from .configuration_crammed import CrammedConfig
 from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
-from .inits import INITS
+from .inits import init_std
 from .kv_cache import CACHE_KEY, LayerCache
 from .losses import LOSSES
 from .norms import ScaleNorm, build_norm
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
+from .softcap import soft_cap
+from .unet import UNetSkips
+from .value_embeddings import ValueEmbeddings
 
 
 class CrammedPreTrainedModel(PreTrainedModel):
@@ -31,8 +34,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
 
     def init_std_for(self, module) -> float:
-        """The std arch.init gives this module's weights (inits.py)."""
-        return INITS.get_or_explain(self.config.init).std(self.config, module)
+        """The std arch.init (and arch.zero_init_out) gives this module's weights (inits.py)."""
+        return init_std(self.config, module)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -51,6 +54,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
         elif isinstance(module, GMLPBlock):  # the spatial gate starts as the identity on u
             init.zeros_(module.spatial)
             init.ones_(module.spatial_bias)
+        elif hasattr(module, "init_weights_"):  # the speedrun's mixing weights (value_embeddings.py, unet.py)
+            module.init_weights_(init)
         elif isinstance(module, ScaleNorm):
             init.constant_(module.scale, module.dim**0.5)
         elif isinstance(module, SinusoidalPositions):
@@ -83,6 +88,8 @@ class CrammedModel(CrammedPreTrainedModel):
         # or again in every layer. The name `rpe` is what saved checkpoints hold.
         self.rpe = positions.score_bias(config)
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
+        self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
+        self.unet = UNetSkips(config) if config.unet_skips else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -106,12 +113,17 @@ class CrammedModel(CrammedPreTrainedModel):
         if attention_mask is not None and not bool(attention_mask.all()):
             key_padding_mask = attention_mask.bool()
         shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe_cache else None
+        values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
+        outputs = []  # each block's output, for the U-net skips
         for i, layer in enumerate(self.layers):
             bias = shared_bias if self.rpe is None or self.config.rpe_cache else self.rpe(seq_len, past)
-            if cache is None:
-                x = layer(x, key_padding_mask, bias)
-            else:
-                x = layer(x, key_padding_mask, bias, LayerCache(cache, i, past))
+            if self.unet is not None:
+                x = self.unet(i, x, outputs)
+            extra = {"value_embedding": values[i]} if i in values else {}
+            if cache is not None:
+                extra["cache"] = LayerCache(cache, i, past)
+            x = layer(x, key_padding_mask, bias, **extra)
+            outputs.append(x)
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
 
     def cache_length(self, cache, attention_mask, seq_len: int) -> int:
@@ -158,14 +170,14 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> MaskedLMOutput:
         hidden = self.encoder(input_ids, attention_mask).last_hidden_state
         if labels is None:
-            return MaskedLMOutput(logits=self.decoder(self.transform(hidden)))
+            return MaskedLMOutput(logits=soft_cap(self.decoder(self.transform(hidden)), self.config.logit_softcap))
         if self.config.sparse_prediction:
             labels = labels.reshape(-1)
             selected = labels != -100
             hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
             labels = labels[selected]
         loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(self.transform(hidden), self.decoder, labels,
-                                                                     self.training)
+                                                                     self.training, self.config.logit_softcap)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 
@@ -225,12 +237,14 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         cache = self.cache_to_use(kwargs.get(CACHE_KEY), use_cache)
         hidden = self.encoder(input_ids, attention_mask, cache=cache).last_hidden_state
         if labels is None:
-            return CausalLMOutputWithPast(logits=self.decoder(hidden), **{CACHE_KEY: cache})
+            return CausalLMOutputWithPast(logits=soft_cap(self.decoder(hidden), self.config.logit_softcap),
+                                          **{CACHE_KEY: cache})
         # Position t predicts token t + 1; the last position predicts nothing (-100). Shift the targets, not the
         # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
         # gradient backward, a tenth of a small model's CPU step.
         targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-        loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(hidden, self.decoder, targets, self.training)
+        loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(hidden, self.decoder, targets, self.training,
+                                                                     self.config.logit_softcap)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
 
 

@@ -14,6 +14,7 @@ class Global:
     """Every query sees every key."""
 
     kernel_note = None  # why a kernel lacking this pattern's arguments cannot compute it, where not obvious
+    windowed = False  # its mask depends on arch.attention.window (train.window_schedule changes it)
 
     def kernel_args(self, config) -> dict:
         """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
@@ -35,6 +36,8 @@ class Global:
 class Local(Global):
     """A sliding window: keys within arch.attention.window positions of the query (ModernBERT's local layers)."""
 
+    windowed = True
+
     def kernel_args(self, config) -> dict:
         return {"window": config.attention.window}
 
@@ -52,6 +55,8 @@ class Local(Global):
 @PATTERNS.register_one("stepped")
 class Stepped(Global):
     """Fixed blocks of arch.attention.window tokens; a query sees its own block and the one before."""
+
+    windowed = True
 
     def kernel_args(self, config) -> dict:
         return {"stepped": config.attention.window}

@@ -25,7 +25,7 @@ MARKER = "COMPLETE"
 FINAL_SUMMARY = Path("checkpoint") / "train_summary.json"
 # Keys that may change between a run and its resumption without changing what is trained.
 RUNTIME_KEYS = {("train", "resume"), ("train", "checkpoint_every_minutes"), ("train", "keep_checkpoints"),
-                ("impl", "num_workers"), ("impl", "compile"), ("train", "log_every"), ("train", "tensorboard"),
+                ("impl", "num_workers"), ("impl", "compile"), ("impl", "compile_mode"), ("train", "log_every"), ("train", "tensorboard"),
                 ("train", "wandb"), ("train", "wandb_project"), ("dryrun",), ("name",)}
 
 

@@ -11,11 +11,12 @@ The trainer evaluates the schedule *before* each step, at the progress reached s
 progress 0. A warm-up that started at exactly 0 would make that step a no-op; it starts at WARMUP_FLOOR instead.
 """
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model.registry import Registry
+from ..model.registry import Registry, invalid
 
 SCHEDULES = Registry("schedule")
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
@@ -126,3 +127,68 @@ def batch_size_at(fraction: float, batch_size: int, microbatch_size: int, ramp: 
         return batch_size
     target = microbatch_size + (batch_size - microbatch_size) * fraction / ramp
     return max(microbatch_size, int(target // microbatch_size) * microbatch_size)
+
+
+def window_at(stages, progress: float) -> int:
+    """train.window_schedule's window at `progress`: [[fraction, window], ...] are consecutive stages whose
+    fractions add up to 1, as train.seq_schedule's are. A pure function of progress, so a resumed run trains with
+    exactly the window an uninterrupted one would."""
+    end = 0.0
+    for fraction, window in stages:
+        end += fraction
+        if progress < end:
+            return int(window)
+    return int(stages[-1][1])
+
+
+def window_schedule_problem(config) -> str | None:
+    """train.window_schedule against the attention patterns, the sequence and torch.compile (config: a
+    PretrainConfig), or None."""
+    from dataclasses import replace
+
+    from ..model.patterns import PATTERNS
+
+    stages, key = config.train.window_schedule, "train.window_schedule"
+    if not stages:
+        return None
+    if not all(isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[0], (int, float)) and s[0] > 0
+               and isinstance(s[1], int) and s[1] >= 1 for s in stages):
+        return invalid(key, stages, "give [budget_fraction > 0, window >= 1] pairs")
+    if abs(sum(s[0] for s in stages) - 1) > 1e-6:
+        return invalid(key, stages, "the stages' budget fractions must add up to 1")
+    attention = config.arch.attention
+    windowed = [p for p in dict.fromkeys(attention.pattern) if PATTERNS[p].windowed]
+    if not windowed:
+        return invalid(key, stages, f"needs a local or stepped pattern in arch.attention.pattern (it has "
+                       f"{attention.pattern}), whose window it changes")
+    for _, window in stages:
+        arch = replace(config.arch, attention=replace(attention, window=window))
+        for pattern, (length, name) in itertools.product(windowed, trained_lengths(config)):
+            if problem := PATTERNS[pattern].problem(replace(config, arch=arch), length, name):
+                return invalid(key, stages, f"its window {window} is refused: {problem}")
+    return compiled_windows_problem(config, {window for _, window in stages})
+
+
+def trained_lengths(config) -> list[tuple[int, str]]:
+    """(tokens, where the length comes from) of every sequence the run trains on: each window must suit each."""
+    from .curriculum import sequence_length, stage_factors
+
+    seq_length = config.data.seq_length
+    stages = config.train.seq_schedule
+    return [(seq_length, "data.seq_length")] + [(sequence_length(seq_length, k), "a train.seq_schedule stage")
+                                                for _, k in stage_factors(stages, seq_length) if stages and k > 1]
+
+
+def compiled_windows_problem(config, windows: set) -> str | None:
+    """Each window is a new compiled graph; past torch._dynamo's recompile limit the model would quietly fall back
+    to eager."""
+    if config.impl.compile is False:
+        return None
+    import torch._dynamo
+
+    limit = torch._dynamo.config.recompile_limit
+    if len(windows) > limit:
+        return invalid("train.window_schedule", config.train.window_schedule,
+                       f"{len(windows)} windows under torch.compile are {len(windows)} graphs, past torch's "
+                       f"recompile limit of {limit} (it would fall back to eager); use at most {limit} windows")
+    return None

@@ -17,9 +17,10 @@ from tqdm import tqdm
 
 from ..engines import Engine
 from ..errors import RunStopped
+from ..model.window import set_attention_window
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .nonfinite import NONFINITE
-from .schedule import SCHEDULES, batch_size_at
+from .schedule import SCHEDULES, batch_size_at, window_at
 from .signals import EXIT_PREEMPTED, StopFlag
 
 
@@ -129,6 +130,8 @@ class Trainer:
         batch_size = batch_size_at(progress, cfg.batch_size, granule, cfg.batch_ramp)
         factor = self.schedule(progress, cfg.warmup, cfg.cooldown) * state.lr_scale
         set_learning_rate(self.optimizer, factor)
+        if cfg.window_schedule:  # the attention-window warm-up, like the learning rate a function of progress
+            set_attention_window(self.engine.unwrap(self.model), window_at(cfg.window_schedule, progress))
         return StepPlan(batch_size, batch_size // granule, factor_at(self.stages, progress), cfg.lr * factor)
 
     def accumulate(self, state, plan: StepPlan) -> tuple[torch.Tensor, int, int]:

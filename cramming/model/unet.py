@@ -1,0 +1,33 @@
+"""U-net skip connections (the GPT speedrun): the outputs of the first half's blocks are kept and added, each with
+a learned scalar weight (starting at 1), to the inputs of the mirrored blocks of the second half: block i's output
+enters block num_layers - 1 - i. Early features reach the late blocks without passing through the middle ones."""
+
+import torch
+from torch import nn
+
+from .registry import invalid
+
+
+class UNetSkips(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_layers = config.num_layers
+        self.weights = nn.Parameter(torch.ones(config.num_layers // 2))
+
+    def init_weights_(self, init) -> None:
+        init.ones_(self.weights)
+
+    def forward(self, index: int, x: torch.Tensor, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """The input of block `index`, given the outputs of the blocks before it."""
+        receiver = index - (self.num_layers - len(self.weights))  # its place among the second half's receivers
+        if receiver < 0:
+            return x
+        return x + self.weights[receiver].to(x.dtype) * outputs[self.num_layers - 1 - index]
+
+
+def problem(config) -> str | None:
+    """arch.unet_skips (config: a PretrainConfig) needs two halves."""
+    if config.arch.unet_skips and config.arch.num_layers < 2:
+        return invalid("arch.unet_skips", True, f"needs arch.num_layers >= 2 (got {config.arch.num_layers}): "
+                       "the first half's outputs feed the second half")
+    return None
