@@ -25,8 +25,8 @@ MARKER = "COMPLETE"
 FINAL_SUMMARY = Path("checkpoint") / "train_summary.json"
 # Keys that may change between a run and its resumption without changing what is trained.
 RUNTIME_KEYS = {("train", "resume"), ("train", "checkpoint_every_minutes"), ("train", "keep_checkpoints"),
-                ("impl", "num_workers"), ("impl", "compile"), ("impl", "compile_mode"), ("train", "log_every"), ("train", "tensorboard"),
-                ("train", "wandb"), ("train", "wandb_project"), ("dryrun",), ("name",)}
+                ("impl", "num_workers"), ("impl", "compile"), ("impl", "compile_mode"), ("train", "log_every"),
+                ("train", "tensorboard"), ("train", "wandb"), ("train", "wandb_project"), ("dryrun",), ("name",)}
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
