@@ -223,7 +223,7 @@ def test_a_compiled_model_follows_a_new_window():
     narrow = compiled(tokens).logits
     set_attention_window(model, 8)
     wide = compiled(tokens).logits
-    assert model.config.attention_window == 8
+    assert model.config.attention.window == 8
     assert not torch.allclose(narrow, wide)
     torch.testing.assert_close(wide, model(tokens).logits)
     set_attention_window(model, 2)
@@ -268,7 +268,7 @@ def test_a_run_follows_the_window_schedule_and_resumes_it_exactly(windows_seen, 
     planned = [{window_at(SCHEDULE, step / 8)} for step in range(8)]
     assert seen == planned == [{4}] * 2 + [{8}] * 2 + [{16}] * 4
     assert whole["config"]["arch"]["attention"]["window"] == 32  # the config's window: the schedule overrides it
-    assert CrammedConfig.from_pretrained(tmp_path / "whole" / "checkpoint").attention_window == 16  # the last one
+    assert CrammedConfig.from_pretrained(tmp_path / "whole" / "checkpoint").attention.window == 16  # the last one
 
     seen.clear()
     stop.append(3)  # inside step 3, at window 8
