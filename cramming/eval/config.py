@@ -29,9 +29,9 @@ class Recipe:
 
 @dataclass
 class EvalConfig:
-    kind: str = "glue"  # glue | custom
+    kind: str = "glue"  # glue | superglue | custom (benchmarks.BENCHMARKS)
     tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))
-    data_dir: str | None = None  # a glue_data/ folder; null = the hub (nyu-mll/glue)
+    data_dir: str | None = None  # a glue_data/ (or SuperGLUE) folder; null = the hub (nyu-mll/glue, aps/super_glue)
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
@@ -81,32 +81,23 @@ def recipe_for(config: EvalConfig, task: str) -> Recipe:
 
 
 def validate_eval(c: EvalRunConfig) -> None:
+    from .benchmarks import BENCHMARKS
     from .finetune import SCHEDULES
-    from .tasks import GLUE_TASKS
 
     e = c.eval
     check(bool(c.checkpoint) != bool(c.name), "checkpoint", c.checkpoint,
            "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
-    check_choice("eval.kind", e.kind, ("glue", "custom"))
+    check_choice("eval.kind", e.kind, BENCHMARKS)
+    benchmark = BENCHMARKS[e.kind]
     check(e.seeds > 0, "eval.seeds", e.seeds, "must be >= 1")
     if e.baseline is not None:
         check_choice("eval.baseline", e.baseline, ("random-init",))
     if e.max_train_examples is not None:
         check(e.max_train_examples > 0, "eval.max_train_examples", e.max_train_examples, "must be > 0 or null")
-    if e.kind == "glue":
-        check(bool(e.tasks), "eval.tasks", e.tasks, "name at least one task")
-        for task in e.tasks:
-            check_choice("eval.tasks", task, GLUE_TASKS)
-        check(len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks, "a task is listed twice")
-    else:
-        check(bool(e.train_file and e.dev_file), "eval.train_file", e.train_file,
-               "eval=custom needs eval.train_file and eval.dev_file")
-        check(1 <= len(e.text_fields) <= 2, "eval.text_fields", e.text_fields, "give one or two text fields")
-        if e.task_type is not None:
-            check_choice("eval.task_type", e.task_type, ("classification", "regression"))
+    benchmark.validate(e)
     validate_impl(c.impl)
     for task in set(e.per_task) | {"*"}:
-        if task != "*" and e.kind == "glue":
+        if task != "*" and benchmark.average_set:  # a benchmark's tasks (custom has its one)
             check(task in e.tasks, f"eval.per_task.{task}", e.per_task[task], f"{task} is not in eval.tasks")
         r = recipe_for(e, task)
         key = "eval.recipe" if task == "*" else f"eval.per_task.{task}"

@@ -108,6 +108,11 @@ def train_step(model, inputs, labels, optimizer, scheduler, scaler, autocast, gr
     gradients overflowed; for bf16 and fp32 it is disabled and passes everything through."""
     with autocast():
         loss = model(**inputs, labels=labels).loss
+    return optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip)
+
+
+def optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip) -> float:
+    """Backward and step for a loss of any head (train_step's second half, shared with the SuperGLUE heads)."""
     scaler.scale(loss).backward()
     if grad_clip:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -119,6 +124,14 @@ def train_step(model, inputs, labels, optimizer, scheduler, scaler, autocast, gr
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
+
+
+def score(task: TaskData, split: str, predictions, labels) -> dict:
+    """The task's own scorer (SuperGLUE's see whole examples: MultiRC's questions, AX-g's pairs), else the
+    named GLUE metrics."""
+    if task.scorer is not None:
+        return task.scorer(split, predictions, task.dev[split])
+    return compute_metrics(task.metric_names, predictions, labels)
 
 
 def steps_per_run(task: TaskData, recipe) -> int:
@@ -157,10 +170,14 @@ def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runt
                 progress.set_postfix_str(f"loss {np.mean(losses[-50:]):.4f}", refresh=False)
                 progress.update(1)
         train_seconds = time.perf_counter() - started  # the training loop alone, for throughput (scripts/bench.py)
-        scores = {split: compute_metrics(task.metric_names,
-                                         predict(model, ids, pad_id, recipe.batch_size, runtime.device, autocast,
-                                                 regression), labels)
+        scores = {split: score(task, split, predict(model, ids, pad_id, recipe.batch_size, runtime.device, autocast,
+                                                    regression), labels)
                   for split, (ids, labels) in dev.items()}
         curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "train_seconds": round(train_seconds, 3),
                       "train_examples": len(train_ids), "dev": scores})
     return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}
+
+
+# TaskData.head: the heads other than the sequence classifier above (SuperGLUE's COPA, ReCoRD, WSC), each a
+# function of finetune's arguments that builds, trains and scores its own model.
+HEADS = Registry("fine-tuning head")

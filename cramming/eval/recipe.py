@@ -19,11 +19,12 @@ from .. import impl as impl_
 from ..atomic import write_atomic
 from ..errors import UserError
 from ..train.checkpoint import SUMMARY, is_complete
+from . import multiple_choice, span  # noqa: F401  register the SuperGLUE heads (finetune.HEADS)
+from .benchmarks import BENCHMARKS
 from .config import EvalRunConfig, recipe_for
-from .custom import load_custom_task
-from .finetune import finetune, steps_per_run
-from .results import append_csv, glue_summary, markdown_table, score_key, seed_statistics
-from .tasks import GLUE_SET, HubUnreachable, load_task
+from .finetune import HEADS, finetune, steps_per_run
+from .results import append_csv, markdown_table, score_key, seed_statistics
+from .tasks import HubUnreachable
 from .weights import check_weights
 
 # eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
@@ -71,17 +72,16 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
     """Every task's data, read and checked. With eval.skip_missing, a task whose data cannot be had is
     skipped and its reason kept (for smoke runs on partial glue_data folders); otherwise it is an error."""
     e = config.eval
+    benchmark = BENCHMARKS[e.kind]
     tasks, skipped = [], {}
-    if e.kind == "custom":
-        tasks.append(load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type))
     hub_down, causes = None, []  # once the hub fails, do not wait for its time-outs again for every other task
-    for name in e.tasks if e.kind == "glue" else []:
+    for name in benchmark.trained(e):
         try:
             if hub_down:
                 raise HubUnreachable(name, hub_down.reason)
-            tasks.append(load_task(name, e.data_dir))
+            tasks.append(benchmark.load(name, e))
         except UserError as err:
-            if not e.skip_missing:
+            if not (e.skip_missing and benchmark.skippable):
                 raise
             hub_down = err if isinstance(err, HubUnreachable) else hub_down
             skipped[name] = str(err)
@@ -114,7 +114,7 @@ def comparability(config: EvalRunConfig, skipped: dict[str, str]) -> dict:
         why["skipped_tasks"] = list(skipped)
     if e.max_train_examples is not None:
         why["max_train_examples"] = e.max_train_examples
-    left_out = [t for t in GLUE_SET if t not in e.tasks] if e.kind == "glue" else []
+    left_out = [t for t in BENCHMARKS[e.kind].average_set if t not in e.tasks]
     if left_out:
         why["tasks_left_out"] = left_out
     return why
@@ -133,7 +133,8 @@ def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: b
     per_task, scores = {}, {}
     for task in tasks:
         recipe = recipe_for(config.eval, task.name)
-        runs = [finetune(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
+        run = finetune if task.head is None else HEADS.get_or_explain(task.head)
+        runs = [run(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
                          f"{label} {task.name} seed {config.seed + i}", progress) for i in range(config.eval.seeds)]
         summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs]) for split in task.dev}
         per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
@@ -158,11 +159,12 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    benchmark = BENCHMARKS[config.eval.kind]
     models = {"pretrained": False} | ({"random-init": True} if config.eval.baseline == "random-init" else {})
     why = comparability(config, skipped)
     comparable = not why
     print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
-          f"on {runtime.device}" + ("" if comparable else f" — NOT COMPARABLE to GLUE ({describe(why)})"),
+          f"on {runtime.device}" + ("" if comparable else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"),
           flush=True)
 
     results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
@@ -174,9 +176,9 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
         for label, random_init in models.items():
             per_task, scores = finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init, label,
                                               progress)
-            glue = glue_summary(scores, config.eval.include_wnli) if config.eval.kind == "glue" else None
-            results["models"][label] = {"tasks": per_task, "scores": scores, "glue": glue}
-            table_rows[label] = {**scores, **({"average": glue["average"]} if glue else {})}
+            summary = benchmark.summarise(scores, config.eval)
+            results["models"][label] = {"tasks": per_task, "scores": scores, benchmark.summary_key: summary}
+            table_rows[label] = {**scores, **({"average": summary["average"]} if summary else {})}
 
     results.update({
         "complete": True,
@@ -197,9 +199,9 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
             **{k: round(v, 2) for k, v in row.items()},
             "results": str(path.resolve())})
     print()
-    print(markdown_table(table_rows))
+    print(markdown_table(table_rows, benchmark.columns))
     if not comparable:
-        print(f"(not comparable to published GLUE scores: {describe(why)})")
+        print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in skipped.items():
         print(f"(skipped {name}: {reason})")
     print(f"results: {path.resolve()}", flush=True)

@@ -13,10 +13,11 @@ COLUMNS = [("MNLI-m", "mnli-m"), ("MNLI-mm", "mnli-mm"), ("QQP", "qqp"), ("QNLI"
 
 
 def score_key(task: str, split: str) -> str:
-    """The GLUE column a task's dev split feeds: MNLI's two dev sets are two columns."""
+    """The column a task's dev split feeds: MNLI's two dev sets are two columns; SuperGLUE's diagnostics, extra
+    splits of RTE, are their own."""
     if task == "mnli":
         return {"matched": "mnli-m", "mismatched": "mnli-mm"}[split]
-    return task
+    return task if split == "dev" else split
 
 
 def seed_statistics(values: list[float]) -> dict:
@@ -29,10 +30,11 @@ def seed_statistics(values: list[float]) -> dict:
     }
 
 
-def markdown_table(rows: dict[str, dict[str, float]]) -> str:
-    """rows: label -> {score key: median main metric}; columns appear only if some row has them."""
-    present = [(title, key) for title, key in COLUMNS if any(key in scores for scores in rows.values())]
-    extra = {k for scores in rows.values() for k in scores} - {k for _, k in COLUMNS} - {"average"}
+def markdown_table(rows: dict[str, dict[str, float]], columns=COLUMNS) -> str:
+    """rows: label -> {score key: median main metric}; `columns` (title, key) in the benchmark's order (GLUE's by
+    default) appear only if some row has them."""
+    present = [(title, key) for title, key in columns if any(key in scores for scores in rows.values())]
+    extra = {k for scores in rows.values() for k in scores} - {k for _, k in columns} - {"average"}
     present += [(k, k) for k in sorted(extra)]  # custom tasks
     header = "| model | " + " | ".join(t for t, _ in present) + " | avg |"
     lines = [header, "|" + "---|" * (len(present) + 2)]

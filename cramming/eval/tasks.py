@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,6 +39,8 @@ class TaskData:
     metric_names: list[str]
     main_metric: str  # the one averaged into the GLUE score
     source: str  # where it was loaded from; QQP also says how many malformed rows were skipped
+    scorer: Callable | None = None  # (split, predictions, dev examples) -> metrics; None: compute_metrics
+    head: str | None = None  # None: the sequence classifier (finetune.finetune); else a finetune.HEADS name
 
 
 @dataclass(frozen=True)

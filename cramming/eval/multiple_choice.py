@@ -1,0 +1,125 @@
+"""Candidate scoring for SuperGLUE's COPA and ReCoRD, and the epoch loop the non-classification heads share.
+
+As in the SuperGLUE BERT baseline, each (context, option) pair goes through the encoder and a one-logit head on
+the pooled first token; the highest-scoring option is the answer. COPA trains that score with a softmax over
+its two choices (multiple choice); ReCoRD, whose queries may have several right entities, trains each
+entity's score on its own with a logistic loss ("the probability of each candidate independent of the
+others", as the baseline did), and predicts the best-scoring one per query.
+"""
+
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .finetune import (
+    HEADS,
+    PREDICT_BATCHES,
+    SCHEDULES,
+    build_classifier,
+    build_optimizer,
+    collate,
+    length_buckets,
+    optimizer_step,
+    score,
+    steps_per_run,
+)
+
+
+def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, predict, label, progress) -> dict:
+    """Fine-tune `model` for the recipe's epochs and score every dev split after each, like finetune.finetune.
+    `batch_loss(indices)` is a batch's loss (under autocast), `predict(split)` the split's predictions."""
+    rng = random.Random(seed)
+    optimizer = build_optimizer(model, recipe)
+    total = steps_per_run(task, recipe)
+    scheduler = SCHEDULES.get_or_explain(recipe.schedule).build(optimizer, int(recipe.warmup_fraction * total), total)
+    scaler, curve = runtime.grad_scaler(), []
+    for epoch in range(1, recipe.epochs + 1):
+        model.train()
+        losses = []
+        if progress is not None:
+            progress.set_description(f"{label} epoch {epoch}/{recipe.epochs}", refresh=False)
+        started = time.perf_counter()
+        for batch in length_buckets(train_lengths, recipe.batch_size, rng):
+            losses.append(optimizer_step(batch_loss(batch), model, optimizer, scheduler, scaler, recipe.grad_clip))
+            if progress is not None:
+                progress.set_postfix_str(f"loss {np.mean(losses[-50:]):.4f}", refresh=False)
+                progress.update(1)
+        train_seconds = time.perf_counter() - started
+        model.eval()
+        with torch.inference_mode():
+            scores = {split: score(task, split, predict(split), None) for split in task.dev}
+        curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "train_seconds": round(train_seconds, 3),
+                      "train_examples": len(train_lengths), "dev": scores})
+    return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}
+
+
+def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:
+    """Token ids of every (context, option) pair, per question; truncation cuts the context first."""
+    contexts = [q.context for q in questions for _ in q.options]
+    options = [o for q in questions for o in q.options]
+    ids = tokenizer(contexts, options, truncation="longest_first", max_length=max_length)["input_ids"]
+    out, start = [], 0
+    for q in questions:
+        out.append(ids[start:start + len(q.options)])
+        start += len(q.options)
+    return out
+
+
+def option_logits(model, rows: list[list[int]], pad_id, device, autocast) -> torch.Tensor:
+    with autocast():
+        return model(**collate(rows, pad_id, device)).logits[:, 0].float()
+
+
+def softmax_loss(logits: torch.Tensor, sizes: list[int], golds: list[list[int]]) -> torch.Tensor:
+    """Cross-entropy over each question's options (COPA: its one right choice)."""
+    losses = [F.cross_entropy(chunk[None], torch.tensor([gold[0]], device=chunk.device))
+              for chunk, gold in zip(torch.split(logits, sizes), golds)]
+    return torch.stack(losses).mean()
+
+
+def logistic_loss(logits: torch.Tensor, sizes: list[int], golds: list[list[int]]) -> torch.Tensor:
+    """Each option on its own: is it a right answer? (ReCoRD: none, one or several per query.)"""
+    targets = torch.zeros_like(logits)
+    offsets = np.cumsum([0, *sizes[:-1]])
+    for offset, gold in zip(offsets, golds):
+        targets[[int(offset) + g for g in gold]] = 1.0
+    return F.binary_cross_entropy_with_logits(logits, targets)
+
+
+@dataclass(frozen=True)
+class CandidateScoring:
+    """A one-logit head over (context, option) pairs, trained with `loss`; the answer is the best option."""
+
+    loss: object
+
+    def __call__(self, checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None):
+        torch.manual_seed(seed)
+        train = encode_options(tokenizer, task.train, recipe.max_length)
+        dev = {split: encode_options(tokenizer, rows, recipe.max_length) for split, rows in task.dev.items()}
+        model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
+        autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+
+        def batch_loss(batch):
+            rows = [train[i] for i in batch]
+            logits = option_logits(model, [r for options in rows for r in options], pad_id, device, autocast)
+            return self.loss(logits, [len(options) for options in rows], [task.train[i].gold for i in batch])
+
+        def predict(split):
+            questions, picks = dev[split], []
+            step = recipe.batch_size * PREDICT_BATCHES
+            for start in range(0, len(questions), step):
+                rows = questions[start:start + step]
+                logits = option_logits(model, [r for options in rows for r in options], pad_id, device, autocast)
+                picks += [int(chunk.argmax()) for chunk in torch.split(logits, [len(o) for o in rows])]
+            return np.array(picks)
+
+        lengths = [max(len(r) for r in options) * len(options) for options in train]
+        return run_epochs(task, recipe, seed, runtime, model, lengths, batch_loss, predict, label, progress)
+
+
+HEADS.register("choice")(CandidateScoring(softmax_loss))
+HEADS.register("candidates")(CandidateScoring(logistic_loss))
