@@ -10,13 +10,15 @@ Sections (each module's docstring in scripts/bench_sections/ says how it measure
                shared prose and on a corpus 10x larger, each in a fresh subprocess
   4. finetune  SST-2 fine-tuning examples/s: eval.py vs a plain Trainer, same checkpoint, batch and length
   5. gpu       (CUDA only) scripts/bench_kernels.py and end-to-end crammed-bert bf16 + compile tokens/s and MFU
+  6. generate  gpt-tiny greedy generation with the KV cache vs recomputing the prefix (use_cache=False), same tokens
 Machines are noisy: measurements alternate between the two sides and medians count; every figure is a ratio against
 a reference timed in the same run. Every ratio is printed with its target and PASS / FAIL, the results go to
 <out>/bench.json and <out>/bench.md, and --write-docs replaces the block between the bench markers in that file.
 
-    python scripts/bench.py --write-docs docs/benchmarks.md    # the full suite: about 10 minutes on 2 CPU cores
+    python scripts/bench.py --write-docs docs/benchmarks.md    # the full suite: about 13 minutes on 2 CPU cores
     python scripts/bench.py --smoke --out /tmp/bench           # every code path in well under a minute, numbers meaningless
     python scripts/bench.py --sections train,data              # a subset
+    python scripts/bench.py --sections generate --out /tmp/g   # the KV cache speed-up alone (3 minutes on 2 cores)
 """
 
 import argparse
@@ -31,9 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-SECTIONS = ["train", "quality", "data", "finetune", "gpu"]
+SECTIONS = ["train", "quality", "data", "finetune", "gpu", "generate"]
 TITLES = {"train": "1. Training throughput and MFU", "quality": "2. Quality per budget",
-          "data": "3. Data preparation", "finetune": "4. Fine-tuning throughput", "gpu": "5. GPU"}
+          "data": "3. Data preparation", "finetune": "4. Fine-tuning throughput", "gpu": "5. GPU",
+          "generate": "6. Generation with the KV cache"}
 NEEDS_SHARED = {"quality", "data", "finetune"}
 DEFAULT_SHARED = Path(os.environ.get("CRAMMING_SHARED", REPO.parent / "shared")) / "data"
 
@@ -52,19 +55,22 @@ def parse_args(argv=None):
     p.add_argument("--finetune-rounds", type=int, default=2, help="alternating runs of each loop in section 4")
     p.add_argument("--gpu-batch", type=int, default=256, help="sequences per step of the end-to-end GPU run")
     p.add_argument("--kernel-seconds", type=float, default=240.0, help="bench_kernels.py --max-seconds; 0 skips it")
+    p.add_argument("--generate-tokens", type=int, default=32, help="new tokens per generate call in section 6")
+    p.add_argument("--generate-rounds", type=int, default=3, help="timed generate calls each way in section 6")
     args = p.parse_args(argv)
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
         p.exit(2, f"error: --sections has {', '.join(unknown)}; choose from {', '.join(SECTIONS)}\n")
     counts = {"--train-rounds": args.train_rounds, "--scale": args.scale, "--finetune-examples": args.finetune_examples,
-              "--finetune-rounds": args.finetune_rounds, "--gpu-batch": args.gpu_batch}
+              "--finetune-rounds": args.finetune_rounds, "--gpu-batch": args.gpu_batch,
+              "--generate-tokens": args.generate_tokens, "--generate-rounds": args.generate_rounds}
     if bad := [f"{k}={v}" for k, v in counts.items() if v < 1] + (
             [f"--quality-minutes={args.quality_minutes}"] if args.quality_minutes <= 0 else []):
         p.exit(2, f"error: {', '.join(bad)}: must be positive\n")
     if NEEDS_SHARED & set(args.sections) and not (args.shared / "glue" / "SST-2").is_dir():
         p.exit(2, f"error: shared data not found at {args.shared} (set CRAMMING_SHARED or --shared, or run only "
-                  "--sections train,gpu)\n")
+                  "--sections train,gpu,generate)\n")
     if args.write_docs and BEGIN not in read(args.write_docs):
         p.exit(2, f"error: {args.write_docs} has no {BEGIN} ... {END} block to replace\n")
     args.seq, args.vocab = (32, 1024) if args.smoke else (128, 32768)
@@ -104,10 +110,12 @@ def write_docs(path: Path, markdown: str) -> None:
 
 
 def run_section(name: str, args, work: Path, res: dict, device) -> dict:
-    from bench_sections import finetune, gpu, prep, quality, train
+    from bench_sections import finetune, generate, gpu, prep, quality, train
 
     if name == "train":
         return train.run(args, device)
+    if name == "generate":
+        return generate.run(args, device)
     if name == "data":
         return prep.run(args, work)
     if name == "quality":
@@ -140,7 +148,7 @@ def main(argv=None) -> int:
     res = {"smoke": args.smoke, "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "machine": common.machine(), "sections": {}, "targets": []}
     print(f"bench: {common.describe(res['machine'])}", flush=True)
-    order = [s for s in ["train", "data", "quality", "finetune", "gpu"] if s in args.sections]
+    order = [s for s in ["train", "data", "quality", "finetune", "gpu", "generate"] if s in args.sections]
     with tempfile.TemporaryDirectory(prefix="cramming-bench-") as tmp:
         for name in order:
             print(f"\n== {TITLES[name]}", flush=True)

@@ -30,9 +30,9 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
     data = json.loads((tmp_path / "out" / "bench.json").read_text(encoding="utf-8"))
     assert data["smoke"] is True and {"cpu", "torch", "transformers", "date"} <= data["machine"].keys()
     sections = data["sections"]
-    assert list(sections) == ["train", "data", "quality", "finetune", "gpu"]
+    assert list(sections) == ["train", "data", "quality", "finetune", "gpu", "generate"]
     assert all(s["status"] in ("ok", "smoke-cpu") for s in sections.values()), {k: s.get("error") for k, s in sections.items()}
-    assert {t["section"] for t in data["targets"]} == {"train", "data", "quality", "finetune", "gpu"}
+    assert {t["section"] for t in data["targets"]} == {"train", "data", "quality", "finetune", "gpu", "generate"}
     for t in data["targets"]:
         assert isinstance(t["value"], float) and t["value"] > 0, t
         assert t["status"] in {"PASS", "FAIL", "INFO"}, t
@@ -42,11 +42,15 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
     assert sections["quality"]["ours"]["val_loss"] == sections["quality"]["ours"]["val_loss_pretrain_py"]
     assert set(sections["data"]["runs"]) == {"ours 1x", "HF 1x", "ours 2x", "HF 2x"}
     assert sections["finetune"]["results"]["ours"]["examples"] == 64
+    generate = sections["generate"]  # the cache and the recomputed prefix gave the same tokens, or it failed
+    assert generate["new_tokens"] == 4 and set(generate["results"]) >= {"1"}
+    assert all(r["cached_s"] > 0 and r["uncached_s"] > 0 for r in generate["results"].values())
 
     text = docs.read_text(encoding="utf-8")
     block = (tmp_path / "out" / "bench.md").read_text(encoding="utf-8").strip()
     assert text == f"{BEFORE}<!-- bench:begin -->\n{block}\n<!-- bench:end -->{AFTER}"
     assert block.startswith("**Smoke run") and "### Targets" in block and "### 5. GPU" in block
+    assert "### 6. Generation with the KV cache" in block
     assert "wrote the bench block" in result.stdout
 
 
@@ -55,6 +59,7 @@ def test_bad_input_is_one_error_line(tmp_path):
     docs.write_text("# nothing to replace\n", encoding="utf-8")
     for args, fragment in ((["--sections", "train,nope"], "--sections has nope"),
                            (["--train-rounds", "0"], "--train-rounds=0: must be positive"),
+                           (["--generate-tokens", "0"], "--generate-tokens=0: must be positive"),
                            (["--write-docs", str(docs)], "has no <!-- bench:begin -->"),
                            (["--shared", str(tmp_path / "missing")], "shared data not found")):
         result = bench(*args, "--out", str(tmp_path / "out"), timeout=60)

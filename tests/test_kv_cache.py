@@ -93,9 +93,10 @@ def test_a_cached_step_gives_the_full_forwards_logits(options):
     assert cache.get_seq_length() == PROMPT + 3
 
 
-def tokens_entering_the_encoder(model, use_cache: bool) -> list[int]:
+def tokens_entering(module, model, use_cache: bool) -> list[int]:
+    """The sequence length of each call of `module` (the token embedding, the output projection) in greedy()."""
     lengths = []
-    hook = model.encoder.tokens.register_forward_hook(lambda m, args, out: lengths.append(args[0].shape[1]))
+    hook = module.register_forward_hook(lambda m, args, out: lengths.append(args[0].shape[1]))
     try:
         with torch.no_grad():
             greedy(model, use_cache)
@@ -104,10 +105,25 @@ def tokens_entering_the_encoder(model, use_cache: bool) -> list[int]:
     return lengths
 
 
+def tokens_entering_the_encoder(model, use_cache: bool) -> list[int]:
+    return tokens_entering(model.encoder.tokens, model, use_cache)
+
+
 def test_the_cache_feeds_the_encoder_only_the_new_token():
     model = tiny_model(position="rotary")
     assert tokens_entering_the_encoder(model, use_cache=True) == [PROMPT] + [1] * (NEW - 1)
     assert tokens_entering_the_encoder(model, use_cache=False) == list(range(PROMPT, PROMPT + NEW))
+
+
+def test_generation_projects_only_the_last_position_onto_the_vocabulary():
+    model = tiny_model()
+    for use_cache in (True, False):
+        assert tokens_entering(model.decoder, model, use_cache) == [1] * NEW
+    ids, mask = left_padded_prompts()
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        assert full.shape[1] == PROMPT
+        torch.testing.assert_close(model(ids, attention_mask=mask, logits_to_keep=2).logits, full[:, -2:])
 
 
 def test_gmlp_refuses_the_cache_and_generates_by_recomputing():

@@ -209,15 +209,16 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.decoder = value
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, logits_to_keep=0,
+                                      **kwargs):
         """Only the tokens the cache has not seen, with the attention mask of all of them; every token when the
         cache is off or refused (whatever step generate is at, so a refused cache never truncates the input)."""
-        cache = kwargs.get(CACHE_KEY)
+        inputs = {"attention_mask": attention_mask, "logits_to_keep": logits_to_keep}
         if use_cache is False or cache_refusal(self.config) is not None:
-            return {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
+            return {**inputs, "input_ids": input_ids, "use_cache": False}
+        cache = kwargs.get(CACHE_KEY)
         cache = cache if cache is not None else DynamicCache(config=self.config)
-        return {"input_ids": input_ids[:, cache.get_seq_length():], "attention_mask": attention_mask,
-                CACHE_KEY: cache, "use_cache": True}
+        return {**inputs, "input_ids": input_ids[:, cache.get_seq_length():], CACHE_KEY: cache, "use_cache": True}
 
     def cache_to_use(self, cache, use_cache):
         """The cache this forward fills: the given one, a new DynamicCache for use_cache=True, or None. Blocks that
@@ -230,15 +231,18 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
             return None
         return cache if cache is not None else DynamicCache(config=self.config)
 
-    def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, return_dict=None,
-                **kwargs) -> CausalLMOutputWithPast:
+    def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, logits_to_keep=0,
+                return_dict=None, **kwargs) -> CausalLMOutputWithPast:
         """With `use_cache=True` or a cache given (under the name transformers uses, kv_cache.CACHE_KEY), the
-        cache is filled and returned; input_ids are then the tokens after the cached ones."""
+        cache is filled and returned; input_ids are then the tokens after the cached ones. logits_to_keep: the
+        last positions whose logits are computed (0: all); generate asks for 1, sparing the vocabulary projection
+        of every other position, with or without a cache."""
         cache = self.cache_to_use(kwargs.get(CACHE_KEY), use_cache)
         hidden = self.encoder(input_ids, attention_mask, cache=cache).last_hidden_state
         if labels is None:
-            return CausalLMOutputWithPast(logits=soft_cap(self.decoder(hidden), self.config.logit_softcap),
-                                          **{CACHE_KEY: cache})
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = soft_cap(self.decoder(hidden[:, keep]), self.config.logit_softcap)
+            return CausalLMOutputWithPast(logits=logits, **{CACHE_KEY: cache})
         # Position t predicts token t + 1; the last position predicts nothing (-100). Shift the targets, not the
         # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
         # gradient backward, a tenth of a small model's CPU step.
