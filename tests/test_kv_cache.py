@@ -181,3 +181,18 @@ def test_alibi_at_absolute_positions_is_the_kernels_bias():
     pos = torch.arange(10)
     torch.testing.assert_close(alibi_bias_at(pos, pos, 6), alibi_bias(10, 6, "cpu"))
     torch.testing.assert_close(alibi_bias_at(pos[7:], pos, 6), alibi_bias(10, 6, "cpu")[:, :, 7:])
+
+
+def test_the_speedrun_blocks_generate_the_same_with_the_cache():
+    """Value embeddings, U-net skips and soft-capped logits are per token: cached steps must match the prefix."""
+    model = tiny_model(num_layers=4, value_embeddings=1, unet_skips=True, logit_softcap=5.0, position="rotary")
+    with torch.no_grad():
+        for module in model.modules():  # the mixing weights start where they change nothing visible: move them
+            for name, param in module.named_parameters(recurse=False):
+                if "mix" in name or "skip" in name or "weight" == name and param.ndim == 1 and param.numel() < 8:
+                    param.add_(0.3)
+        tokens, logits = greedy(model, use_cache=True)
+        want_tokens, want_logits = greedy(model, use_cache=False)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logits, want_logits, atol=1e-5, rtol=1e-5)
+    assert logits.abs().max() <= 5.0
