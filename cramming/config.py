@@ -148,6 +148,10 @@ class TrainConfig:
     nonfinite: str = "skip"  # skip | halt | rollback
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
+    averaging: str = "none"  # none | ema | lawa: averaged weights, saved as <run>/final-<kind>/ too (train/averaging.py)
+    ema_decay: float = 0.999  # ema: shadow = decay * shadow + (1 - decay) * weights after each step
+    lawa_k: int = 5  # lawa: the latest k snapshots are averaged
+    lawa_every_fraction: float = 0.05  # lawa: a snapshot each time this share of the budget passes
 
 
 @dataclass
@@ -353,6 +357,8 @@ def validate(c: PretrainConfig) -> None:
     check_choice("impl.distributed", i.distributed, ENGINES)
     check_choice("impl.loss", i.loss, ("auto", *LOSSES))
     refuse(engine_settings_problem(c))
+    from .train.averaging import problem as averaging_problem  # the hook of train.averaging (train/averaging.py)
+    refuse(averaging_problem(c))
 
 
 def refuse(problem: str | None) -> None:
