@@ -154,3 +154,14 @@ def test_the_report_shows_both_weights_and_keeps_their_glue_apart(tmp_path):
     assert len(ax.collections) == 3 and "stars" in ax.get_title()  # two validation dots and one star
     assert "averaged" not in markdown_table(runs[:1], []).splitlines()[0]  # no averaging: no such columns
 
+
+def test_the_preset_compares_none_ema_and_lawa():
+    from test_experiments import expect, sweep_jobs, validated
+
+    expect("weight-averaging", none={"train.averaging": "none"},
+           ema={"train.averaging": "ema", "train.ema_decay": 0.9},
+           lawa={"train.averaging": "lawa", "train.lawa_k": 5, "train.lawa_every_fraction": 0.05})
+    gpu = [validated(job) for job in sweep_jobs("weight-averaging", ["arch=crammed-bert", "impl=gpu",
+                                                                      "train=budget-o4", "train.ema_decay=0.999"])]
+    assert [c.train.averaging for c in gpu] == ["none", "ema", "lawa"]
+    assert {c.train.ema_decay for c in gpu} == {0.999}
