@@ -108,7 +108,8 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               # weight averaging and energy: whole runs (a resumed pair, eval's loader, a subprocess bad value)
               "test_resuming_gives_the_same_averaged_weights_bitwise", "test_a_bad_value_exits_2_before_any_work",
               "test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_last",
-              "test_a_real_run_reports_the_energy_of_its_training"}
+              "test_a_real_run_reports_the_energy_of_its_training",
+              "test_eval_after_evaluates_the_last_and_the_averaged_weights"}
 
 
 def pytest_collection_modifyitems(items):

@@ -165,3 +165,35 @@ def test_the_preset_compares_none_ema_and_lawa():
                                                                       "train=budget-o4", "train.ema_decay=0.999"])]
     assert [c.train.averaging for c in gpu] == ["none", "ema", "lawa"]
     assert {c.train.ema_decay for c in gpu} == {0.999}
+
+
+def test_eval_after_evaluates_the_last_and_the_averaged_weights(tmp_path):
+    (tmp_path / "train.csv").write_text("text,label\ngood day,1\nawful,0\nfine,1\nbad,0\n")
+    result = run_pretrain(*TINY, "train.max_steps=2", "train.batch_size=16", "train.averaging=ema", "eval_after=true",
+                          f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/train.csv',"
+                          f"'eval.dev_file={tmp_path}/train.csv','eval.recipe.epochs=1']",
+                          run_dir=tmp_path / "run", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    for folder, checkpoint in (("eval", "checkpoint"), ("eval-ema", "final-ema")):
+        results = json.loads((run / folder / "results.json").read_text())
+        assert results["complete"] and results["checkpoint"] == str((run / checkpoint).resolve())
+    assert "the sweep objective (val_loss) is theirs" in result.stdout
+
+
+def test_the_sweep_objective_is_the_averaged_weights():
+    from cramming.sweep import objective_value
+
+    averaging = {"kind": "lawa", "val_loss": 4.0, "checkpoint": "/run/final-lawa"}
+    val_loss, glue = SimpleNamespace(sweep_objective="val_loss"), SimpleNamespace(sweep_objective="glue_average")
+    assert objective_value(val_loss, {"val_loss": 4.5, "averaging": averaging}, None) == 4.0
+    assert objective_value(val_loss, {"val_loss": 4.5, "averaging": None}, None) == 4.5
+
+    def results(average):
+        return {"comparable": True, "skipped": {}, "models": {"pretrained": {"glue": {"average": average}}}}
+
+    both = {**results(70.0), "averaged": results(72.5)}
+    assert objective_value(glue, {"val_loss": 4.5, "averaging": averaging}, both) == 72.5
+    assert objective_value(glue, {"val_loss": 4.5, "averaging": None}, both) == 70.0
+    with pytest.raises(UserError, match="no finite validation loss"):
+        objective_value(val_loss, {"val_loss": 4.5, "averaging": {**averaging, "val_loss": float("nan")}}, None)
