@@ -154,7 +154,7 @@ def loss_figure(runs, x: str, labels: list[str], groups: list | None = None, smo
     ax.set_xlabel(AXES[x])
     ax.set_ylabel("training loss" + (f" (EMA {smooth:g})" if smooth > 0 else ""))
     ax.set_title(f"loss vs {AXES[x].split(' (')[0]} (dots: validation loss"
-                 + ("; stars: the averaged weights'" if starred else "") + ")")
+                 + ("; stars: averaged weights" if starred else "") + ")")
     ax.grid(alpha=0.3)
     if ax.get_lines():
         fig.legend(loc="outside right upper", fontsize="small")

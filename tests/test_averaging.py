@@ -102,6 +102,11 @@ def test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_las
     loaded = classifier.state_dict()
     matched = [k for k in averaged if k in loaded]
     assert matched and all(torch.equal(loaded[k], averaged[k]) for k in matched)
+    # averaging only reads the weights: the last ones are bit for bit those of a run without it
+    plain = pretraining.pretrain(config_for(*RUN), tmp_path / "plain")
+    assert plain["averaging"] is None and not (tmp_path / "plain" / "final-ema").exists()
+    without = load_file(tmp_path / "plain" / "checkpoint" / "model.safetensors")
+    assert all(torch.equal(without[k], last[k]) for k in last)
 
 
 @pytest.mark.parametrize("override,fragment", [
