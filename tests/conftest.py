@@ -109,7 +109,8 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_resuming_gives_the_same_averaged_weights_bitwise", "test_a_bad_value_exits_2_before_any_work",
               "test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_last",
               "test_a_real_run_reports_the_energy_of_its_training",
-              "test_eval_after_evaluates_the_last_and_the_averaged_weights"}
+              "test_eval_after_evaluates_the_last_and_the_averaged_weights",
+              "test_ddp_averages_what_one_process_averages"}
 
 
 def pytest_collection_modifyitems(items):

@@ -202,3 +202,30 @@ def test_the_sweep_objective_is_the_averaged_weights():
     assert objective_value(glue, {"val_loss": 4.5, "averaging": None}, both) == 70.0
     with pytest.raises(UserError, match="no finite validation loss"):
         objective_value(val_loss, {"val_loss": 4.5, "averaging": {**averaging, "val_loss": float("nan")}}, None)
+
+
+def test_ddp_averages_what_one_process_averages(tmp_path):
+    """Two DDP ranks (gloo) hold the same replica and average it alike: the averaged checkpoint and its
+    validation loss are one process's, and the energy keys are there (null with a reason on this machine)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    steps = [*TINY, "train.schedule=step-triangle", "train.max_steps=4", "train.batch_ramp=0",
+             "train.batch_size=16", "impl.microbatch_size=4", "train.checkpoint_every_minutes=null",
+             "train.averaging=lawa", "train.lawa_k=3", "train.lawa_every_fraction=0.25"]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(REPO / "pretrain.py"), *steps, "impl.distributed=ddp",
+                          f"hydra.run.dir={tmp_path / 'ddp'}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    one = run_pretrain(*steps, run_dir=tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    got, want = (json.loads((tmp_path / run / "train_summary.json").read_text()) for run in ("ddp", "one"))
+    assert got["distributed"]["world_size"] == 2
+    assert got["averaging"]["snapshot_steps"] == want["averaging"]["snapshot_steps"] == [2, 3, 4]
+    assert got["averaging"]["val_loss"] == pytest.approx(want["averaging"]["val_loss"], rel=1e-5)
+    a, b = (load_file(tmp_path / run / "final-lawa" / "model.safetensors") for run in ("ddp", "one"))
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in b)
+    assert "energy_kwh" in got and (got["energy_kwh"] is None) == (got["energy_unavailable"] is not None)
