@@ -3,10 +3,11 @@ nulls with a reason where no counter can be read, and the keys in a real run's t
 
 import pytest
 import torch
-from test_resume import TINY, config_for
+from test_resume import NAN_RUN, TINY, config_for, sigterm_at  # noqa: F401  (sigterm_at: a fixture)
 
 from cramming import pretraining
 from cramming.engines import Engine
+from cramming.errors import RunStopped
 from cramming.train import energy
 from cramming.train.energy import EnergyMeter, rapl_counter
 
@@ -205,3 +206,23 @@ def test_nvml_reads_the_gpu_found_by_uuid_in_millijoules(monkeypatch):
     fake.nvmlDeviceGetTotalEnergyConsumption = unsupported
     counter, reason = energy.nvml_counter(torch.device("cuda", 0))
     assert counter is None and "NVML has no energy counter for cuda:0: Not Supported" in reason
+
+
+def test_a_resumed_run_adds_the_energy_of_the_launch_before(sigterm_at, tmp_path, monkeypatch):
+    """Stopped after step 2 of 6, resumed: the checkpoint carries the first launch's joules and the summary adds
+    the second launch's (the counter advances 1 mJ per reading; 3 intervals in each launch)."""
+    monkeypatch.setattr(energy, "POWERCAP", fake_powercap(tmp_path / "powercap", packages=1))
+    monkeypatch.setattr(energy, "SAMPLE_SECONDS", 0.0)
+    reads = []
+    monkeypatch.setattr(energy.Rapl, "read", lambda self: reads.append(1) or (1000 * len(reads),))
+    run = [*NAN_RUN, "train.checkpoint_every_minutes=null", "train.max_steps=4"]
+    sigterm_at.append(2)
+    with pytest.raises(RunStopped):
+        pretraining.pretrain(config_for(*run), tmp_path / "run")
+    sigterm_at.clear()
+    first = len(reads)  # begin, after steps 1 and 2, at the checkpoint: 3 intervals
+    summary = pretraining.pretrain(config_for(*run), tmp_path / "run")
+    assert summary["resumed_from"].endswith("step-00000002")
+    second = len(reads) - first  # begin, after steps 3 and 4, at the end: 3 intervals
+    assert (first, second) == (4, 4)
+    assert summary["energy_kwh"] * 3.6e6 == pytest.approx(0.003 + 0.003)
