@@ -110,7 +110,8 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_last",
               "test_a_real_run_reports_the_energy_of_its_training",
               "test_eval_after_evaluates_the_last_and_the_averaged_weights",
-              "test_ddp_averages_what_one_process_averages", "test_a_resumed_run_adds_the_energy_of_the_launch_before"}
+              "test_ddp_averages_what_one_process_averages", "test_a_resumed_run_adds_the_energy_of_the_launch_before",
+              "test_a_rollback_takes_the_average_back_too"}
 
 
 def pytest_collection_modifyitems(items):

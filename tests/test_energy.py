@@ -208,7 +208,7 @@ def test_nvml_reads_the_gpu_found_by_uuid_in_millijoules(monkeypatch):
     assert counter is None and "NVML has no energy counter for cuda:0: Not Supported" in reason
 
 
-def test_a_resumed_run_adds_the_energy_of_the_launch_before(sigterm_at, tmp_path, monkeypatch):
+def test_a_resumed_run_adds_the_energy_of_the_launch_before(sigterm_at, tmp_path, monkeypatch):  # noqa: F811
     """Stopped after step 2 of 6, resumed: the checkpoint carries the first launch's joules and the summary adds
     the second launch's (the counter advances 1 mJ per reading; 3 intervals in each launch)."""
     monkeypatch.setattr(energy, "POWERCAP", fake_powercap(tmp_path / "powercap", packages=1))
