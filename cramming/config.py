@@ -98,6 +98,10 @@ class TrainConfig:
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
     window_schedule: list | None = None  # [[budget_fraction, window], ...]: the local/stepped window grows with the run
+    averaging: str = "none"  # none | ema | lawa: averaged weights, saved as <run>/final-<kind>/ too (train/averaging.py)
+    ema_decay: float = 0.999  # ema: shadow = decay * shadow + (1 - decay) * weights after each step
+    lawa_k: int = 5  # lawa: the latest k snapshots are averaged
+    lawa_every_fraction: float = 0.05  # lawa: a snapshot each time this share of the budget passes
 
     RULES: ClassVar[dict] = {
         "lr": "> 0", "betas": "each [0, 1)", "grad_clip": "> 0 or null", "batch_size": "> 0", "batch_ramp": "[0, 1)",
@@ -207,6 +211,7 @@ def components() -> list[tuple]:
     from .model.positions import POSITIONS
     from .model.registry import own_problem
     from .model.rotary import ROTARY_IMPLS
+    from .train.averaging import AVERAGING
     from .train.nonfinite import NONFINITE
     from .train.objectives import OBJECTIVES
     from .train.optim import OPTIMIZERS
@@ -222,7 +227,8 @@ def components() -> list[tuple]:
         ("arch.objective", OBJECTIVES, (), None), ("data.source", SOURCES, (), own_problem),
         ("arch.position", POSITIONS, (), own_problem),  # after gmlp and data.seq_length: their messages say more
         ("train.schedule", SCHEDULES, (), schedule), ("train.optim.name", OPTIMIZERS, (), own_problem),
-        ("train.nonfinite", NONFINITE, (), None), ("impl.attention", ATTENTION_KERNELS, ("auto",), None),
+        ("train.nonfinite", NONFINITE, (), None), ("train.averaging", AVERAGING, (), own_problem),
+        ("impl.attention", ATTENTION_KERNELS, ("auto",), None),
         ("impl.rotary", ROTARY_IMPLS, ("auto",), None), ("impl.loss", LOSSES, ("auto",), None),
         ("impl.distributed", ENGINES, ("auto",), None),  # engines are asked once the world is known (Engine.problem)
     ]

@@ -167,9 +167,12 @@ def compile_problem(config) -> str | None:
     compiled = i.compile if i.compile is not None else (None if device is None else device == "cuda")
     if problem := compile_mode_problem(i.compile_mode, compiled is not False, i.compile, device):
         return problem
-    if i.compile_mode != "default" and i.distributed == "deepspeed":
-        return invalid("impl.compile_mode", i.compile_mode, "DeepSpeed's engine compiles itself in place, with "
-                       "torch's default mode; use impl.compile_mode=default or impl.distributed=ddp")
+    from .engines import ENGINES
+
+    engine = ENGINES.get(i.distributed)
+    if i.compile_mode != "default" and engine is not None and engine.compiles_itself:
+        return invalid("impl.compile_mode", i.compile_mode, f"impl.distributed={i.distributed} compiles the model "
+                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed=ddp")
     return None
 
 

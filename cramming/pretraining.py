@@ -24,8 +24,10 @@ from .data.tokenizer import SPECIAL_IDS
 from .engines import env_rank
 from .kernels import autotune_seconds
 from .model import CrammedConfig
+from .train.averaging import average_final, build_averaging
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
+from .train.energy import EnergyMeter
 from .train.validation import PeriodicValidation, validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.masking import PositionalMasks
@@ -130,13 +132,13 @@ def choose_microbatch(config: PretrainConfig, model, meta: dict, runtime, engine
     return microbatch
 
 
-def resume(config: PretrainConfig, run_dir: Path, engine, model, optimizer, scaler, say):
+def resume(config: PretrainConfig, run_dir: Path, engine, model, optimizer, scaler, say, averaging=None):
     """A fresh TrainState, or the one of the checkpoint train.resume finds (with its metrics carried over)."""
     found = find_resume(config.train.resume, run_dir, config) if engine.main else None
     found = engine.broadcast(found)
     if found is None:
         return TrainState(), None
-    state = load_checkpoint(found, model, optimizer, scaler, engine)
+    state = load_checkpoint(found, model, optimizer, scaler, engine, averaging)
     if engine.main:
         carry_metrics(found, run_dir, state.step)
     say(f"resuming from {found}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent", flush=True)
@@ -159,9 +161,10 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
         f"train), device {runtime.device}, precision {runtime.precision}, compile {runtime.compile}, "
         f"attention {runtime.attention}, rotary {runtime.rotary}{engine.describe()}", flush=True)
     model, optimizer, scaler = place(config, model, runtime, engine)
+    averaging = build_averaging(config.train, engine.unwrap(model))  # before the microbatch probe: EMA's memory
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
-                                json.loads(json.dumps(asdict(config))), engine)
-    state, resumed_from = resume(config, run_dir, engine, model, optimizer, scaler, say)
+                                json.loads(json.dumps(asdict(config))), engine, averaging)
+    state, resumed_from = resume(config, run_dir, engine, model, optimizer, scaler, say, averaging)
     step_model = engine.compile(model) if runtime.compile else model
     microbatch = choose_microbatch(config, model, meta, runtime, engine, say)
     batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch * engine.world,
@@ -186,19 +189,41 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     trainer = Trainer(step_model, optimizer, scaler, engine, objective, PositionalMasks(config.seed, runtime.device),
                       batches, checkpointer, log, config.train, meta, microbatch,
                       Budget(config.budget * 3600, config.train.max_steps), runtime.device, runtime.autocast(),
-                      PeriodicValidation(every, measure) if every else None)
+                      PeriodicValidation(every, measure) if every else None, averaging,
+                      EnergyMeter.for_device(runtime.device, engine.local_rank))
     result, final, validating = fit(trainer, state, measure, log)
     eval_seconds += validating
     say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
         f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
+    rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
+    started = time.time()
+    averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
+    eval_seconds += time.time() - started
     seconds = {"setup": setup_seconds, "eval": eval_seconds}
     summary = summarize(config, runtime, engine, parameters, flops, result, final, state.untrained, seconds,
                         resumed_from, folder, meta)
-    final_model = engine.whole_model(model, lambda weights: load_whole(weights, config, meta, runtime))
+    summary.update(trainer.energy.summary(engine, runtime.device, result["tokens"]))
+    summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
+    final_model = engine.whole_model(model, rebuild)
     if engine.main:
+        if averaged:
+            save_checkpoint(averaged[1], tokenizer, summary, run_dir, averaging.folder)
         save_final(final_model, tokenizer, summary, run_dir, runtime, engine)
     engine.barrier()
     return summary
+
+
+def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective: str, say) -> dict | None:
+    """train_summary.json's `averaging`: the kind, its settings, the averaged weights' validation and folder."""
+    if averaging is None:
+        return None
+    metrics, _ = averaged
+    path = (Path(run_dir) / averaging.folder).resolve()
+    say(f"{averaging.name}-averaged weights: validation loss {metrics['val_loss']:.4f} (last weights "
+        f"{final['val_loss']:.4f}), accuracy {metrics['val_accuracy']:.3f}; saved as {path}; the sweep "
+        f"objective ({objective}) is theirs", flush=True)
+    return {**averaging.describe(), "val_loss": metrics["val_loss"], "val_accuracy": metrics["val_accuracy"],
+            "checkpoint": str(path)}
 
 
 def fit(trainer, state, measure, log) -> tuple[dict, dict, float]:

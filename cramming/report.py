@@ -22,8 +22,10 @@ from .report_plots import write_report
 # Config keys that differ between any two runs without describing the experiment.
 NOISE_KEYS = {"name", "data.cache_dir", "train.resume"}
 NOISE_PREFIXES = ("hydra",)
-# Where the GLUE evaluator's results.json may sit, relative to a run folder (eval_after writes eval/).
+# Where the GLUE evaluator's results.json may sit, relative to a run folder (eval_after writes eval/); the
+# averaged weights' (train.averaging: final-<kind>/) go to eval-<kind>/.
 RESULTS_PLACES = ("eval/results.json", "results.json", "checkpoint/results.json", "eval/*/results.json")
+AVERAGED_PLACES = ("eval-*/results.json",)
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Run:
     summary: dict | None = None  # train_summary.json, finished runs only
     glue: float | None = None  # GLUE average of the pretrained model
     glue_comparable: bool = True
+    averaged_glue: float | None = None  # GLUE average of the averaged weights (train.averaging)
     name: str = ""
     events: list[dict] = field(default_factory=list)
 
@@ -60,6 +63,10 @@ class Run:
             return 3 * fpt * tokens if fpt and tokens else None
         if key == "glue_avg":
             return self.glue
+        if key == "averaged_val_loss":
+            return (s.get("averaging") or {}).get("val_loss")
+        if key == "averaged_glue":
+            return self.averaged_glue
         return s.get(key)
 
 
@@ -155,20 +162,27 @@ def glue_of(results) -> tuple[float, bool, str] | None:
 
 def attach_glue(runs: list[Run], roots: list[Path]) -> None:
     """Each run's newest GLUE result: from its own folder, or any results.json under the arguments whose
-    `checkpoint` is the run's (eval.py's own outputs/eval/<date>/ folders)."""
+    `checkpoint` is the run's (eval.py's own outputs/eval/<date>/ folders); the same for its averaged weights
+    (a checkpoint named final-<kind>)."""
     found = {run.path: [] for run in runs}
+    averaged = {run.path: [] for run in runs}
     for run in runs:
         found[run.path] += [p for pattern in RESULTS_PLACES for p in run.path.glob(pattern)]
+        averaged[run.path] += [p for pattern in AVERAGED_PLACES for p in run.path.glob(pattern)]
     for root in roots:
         for path in root.rglob("results.json"):
             results = read_json(path)
             checkpoint = results.get("checkpoint") if isinstance(results, dict) else None
             if checkpoint and Path(checkpoint).parent.resolve() in found:
-                found[Path(checkpoint).parent.resolve()].append(path)
+                kind = averaged if Path(checkpoint).name.startswith("final-") else found
+                kind[Path(checkpoint).parent.resolve()].append(path)
     for run in runs:
         scores = [g for p in set(found[run.path]) if (g := glue_of(read_json(p)))]
         if scores:
             run.glue, run.glue_comparable, _ = max(scores, key=lambda g: g[2])
+        scores = [g for p in set(averaged[run.path]) if (g := glue_of(read_json(p)))]
+        if scores:
+            run.averaged_glue = max(scores, key=lambda g: g[2])[0]
 
 
 def natural_key(text: str):

@@ -26,6 +26,13 @@ COLUMNS = [
     ("train_flops", "train FLOPs", lambda v: f"{v:.3g}"),
     ("glue_avg", "GLUE avg", lambda v: f"{v:.1f}"),
 ]
+# Shown in report.md only where some run has a value: the averaged weights' (train.averaging) and the energy.
+OPTIONAL = [
+    ("averaged_val_loss", "averaged val loss", lambda v: f"{v:.4f}"),
+    ("averaged_glue", "averaged GLUE", lambda v: f"{v:.1f}"),
+    ("energy_kwh", "kWh", lambda v: f"{v:.3g}"),
+    ("joules_per_token", "J/token", lambda v: f"{v:.3g}"),
+]
 
 
 def show(value) -> str:
@@ -40,22 +47,27 @@ def table_rows(runs, keys: list[str]) -> list[dict]:
     for run in runs:
         row = {"run": run.name, **{k: run.config.get(k) for k in keys}}
         row["status"] = "finished" if run.finished else "incomplete"
-        row.update({col: run.value(col) for col, _, _ in COLUMNS[1:]})
+        row.update({col: run.value(col) for col, _, _ in COLUMNS[1:] + OPTIONAL})
         row["path"] = str(run.path)
         rows.append(row)
     return rows
 
 
+def shown_columns(runs) -> list[tuple]:
+    return COLUMNS + [c for c in OPTIONAL if any(run.value(c[0]) is not None for run in runs)]
+
+
 def markdown_table(runs, keys: list[str]) -> str:
-    headings = ["run", *keys, *(h for _, h, _ in COLUMNS)]
-    lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * (len(keys) + 2) + "---:|" * (len(COLUMNS) - 1)]
+    columns = shown_columns(runs)
+    headings = ["run", *keys, *(h for _, h, _ in columns)]
+    lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * (len(keys) + 2) + "---:|" * (len(columns) - 1)]
     for run, row in zip(runs, table_rows(runs, keys)):
         cells = [run.name, *(show(row[k]) for k in keys)]
-        for col, _, fmt in COLUMNS:
+        for col, _, fmt in columns:
             value = row[col]
             cells.append("–" if value is None or value == "" else fmt(value))
-        if run.glue is not None and not run.glue_comparable:
-            cells[-1] += " †"
+            if col == "glue_avg" and run.glue is not None and not run.glue_comparable:
+                cells[-1] += " †"
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
@@ -135,9 +147,14 @@ def loss_figure(runs, x: str, labels: list[str], groups: list | None = None, smo
         val = run.value("val_loss")
         if val is not None:
             ax.scatter([xs[-1]], [val], color=color, marker="o", s=30, zorder=3)
+        averaged = run.value("averaged_val_loss")
+        if averaged is not None:
+            ax.scatter([xs[-1]], [averaged], color=color, marker="*", s=90, zorder=3)
+    starred = any(run.value("averaged_val_loss") is not None for run in runs)
     ax.set_xlabel(AXES[x])
     ax.set_ylabel("training loss" + (f" (EMA {smooth:g})" if smooth > 0 else ""))
-    ax.set_title(f"loss vs {AXES[x].split(' (')[0]} (dots: validation loss)")
+    ax.set_title(f"loss vs {AXES[x].split(' (')[0]} (dots: validation loss"
+                 + ("; stars: averaged weights" if starred else "") + ")")
     ax.grid(alpha=0.3)
     if ax.get_lines():
         fig.legend(loc="outside right upper", fontsize="small")
@@ -208,6 +225,24 @@ def progress(run) -> str:
             + (f", {100 * fraction:.0f} % of the budget" if fraction is not None else ""))
 
 
+def energy_notes(runs) -> list[str]:
+    """What the averaged and energy columns mean, and why a run has no energy."""
+    notes = []
+    if any(r.value("averaged_val_loss") is not None for r in runs):
+        notes.append("Averaged val loss / GLUE: the weights train.averaging kept (`final-<kind>/`: ema or lawa), "
+                     "beside the last weights' in the other columns.")
+    sources = sorted({r.value("energy_source") for r in runs if r.value("energy_source")})
+    if sources:
+        notes.append(f"kWh and J/token: the energy the run's training took (the budget clock's running time; "
+                     f"validation not counted) by the hardware counter ({', '.join(sources)}; nvml = the GPUs', "
+                     "rapl = the CPU packages', whole machine).")
+    missing = [r for r in runs if r.finished and r.value("energy_kwh") is None]
+    reasons = sorted({str(r.value("energy_unavailable")) for r in missing if r.value("energy_unavailable")})
+    if reasons:
+        notes.append(f"No energy for {len(missing)} finished run(s): {'; '.join(reasons)}.")
+    return ["", " ".join(notes)] if notes else []
+
+
 def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: float,
                  sources: list[str]) -> tuple[Path, str]:
     """runs.csv, the figures, and report.md with the table, the loss curves, the scaling fit and the runs that
@@ -227,6 +262,7 @@ def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: fl
     md += ["", ("Train loss: the last step's; tokens/s: the run's average; train FLOPs: 3 × forward FLOPs per "
                 "token × tokens. Finished runs' numbers come from train_summary.json, incomplete runs' from their "
                 "last logged step. The same table, unformatted: `runs.csv`.")]
+    md += energy_notes(runs)
     if any(r.glue is not None and not r.glue_comparable for r in runs):
         md += ["", "† not comparable to published scores: a capped (eval.max_train_examples), partial or "
                "skipped-task GLUE evaluation (results.json says why under not_comparable_because)."]

@@ -3,8 +3,12 @@
 - `eval_after=true`: GLUE (or a custom task, any subset) on the fresh checkpoint. Its config is composed from
   eval.yaml plus `eval_overrides` and checked, task data included, before any training, so a typo cannot waste
   the budget. Results go to `<run>/eval/results.json`.
+  With train.averaging on, the averaged weights (`<run>/final-<kind>/`) are evaluated too, into
+  `<run>/eval-<kind>/results.json`.
 - `sweep_objective`: what the run returns to a Hydra sweeper (Optuna minimises or maximises it): the final
-  validation loss, or the GLUE average of the pretrained model (needs eval_after).
+  validation loss, or the GLUE average of the pretrained model (needs eval_after). With train.averaging on it
+  is the averaged weights' (the model that option is for; the last weights' numbers stay in the summary and
+  eval/), as the run's line about the averaged weights says.
 - In a multirun, each job records itself in `<sweep dir>/manifest.json` (job number, folder, overrides,
   status and objective; for a failed job its one-line error and log), under a file lock, so parallel launchers
   can share it.
@@ -75,21 +79,41 @@ def partial_glue(settings, skipped: dict) -> str | None:
 
 
 def evaluate_after(eval_config, checkpoint: Path | None, run_dir: Path) -> dict | None:
-    """None for a dryrun (no checkpoint): eval_after_config has checked the evaluation, nothing is evaluated."""
+    """None for a dryrun (no checkpoint): eval_after_config has checked the evaluation, nothing is evaluated.
+    The last weights' results, with the averaged weights' (train.averaging) under `averaged`."""
     if checkpoint is None:
         return None
     from .eval.recipe import evaluate
 
     path = evaluate(replace(eval_config, checkpoint=str(checkpoint)), Path(run_dir) / "eval")
-    return json.loads(Path(path).read_text())
+    results = json.loads(Path(path).read_text())
+    averaging = (read_json(Path(run_dir) / "train_summary.json") or {}).get("averaging")
+    if averaging:
+        path = evaluate(replace(eval_config, checkpoint=averaging["checkpoint"]),
+                        Path(run_dir) / f"eval-{averaging['kind']}")
+        results["averaged"] = json.loads(Path(path).read_text())
+    return results
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def objective_value(config, summary: dict, results: dict | None) -> float | None:
     """What the sweeper gets; a value that is missing or not comparable fails the trial (raises) rather than
-    ranking it: 0.0 would be the best loss a minimiser ever saw. A dryrun trained nothing: None."""
+    ranking it: 0.0 would be the best loss a minimiser ever saw. A dryrun trained nothing: None. With
+    train.averaging on, the averaged weights' value (pretraining's line about them says so)."""
     if summary.get("dryrun"):
         return None
-    if config.sweep_objective == "glue_average":
+    averaging = summary.get("averaging")
+    if averaging:
+        summary = {**summary, "val_loss": averaging.get("val_loss")}
+        results = (results or {}).get("averaged") if config.sweep_objective == "glue_average" else results
+    return objective_of(config.sweep_objective, summary, results)
+
+
+def objective_of(objective: str, summary: dict, results: dict | None) -> float:
+    if objective == "glue_average":
         glue = (results or {}).get("models", {}).get("pretrained", {}).get("glue") or {}
         average = glue.get("average")
         if average is None or not math.isfinite(average) or not results.get("comparable") or results.get("skipped"):

@@ -106,7 +106,14 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_report_end_to_end", "test_periodic_validation_pauses_the_budget_clock",
               "test_every_block_option_trains_for_both_objectives",
               "test_the_command_line_refusal_is_one_line_with_exit_2",
-              "test_a_run_follows_the_window_schedule_and_resumes_it_exactly", "test_speedrun_smoke_run"}
+              "test_a_run_follows_the_window_schedule_and_resumes_it_exactly", "test_speedrun_smoke_run",
+              # weight averaging and energy: whole runs (a resumed pair, eval's loader, a subprocess bad value)
+              "test_resuming_gives_the_same_averaged_weights_bitwise", "test_a_bad_value_exits_2_before_any_work",
+              "test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_last",
+              "test_a_real_run_reports_the_energy_of_its_training",
+              "test_eval_after_evaluates_the_last_and_the_averaged_weights",
+              "test_ddp_averages_what_one_process_averages", "test_a_resumed_run_adds_the_energy_of_the_launch_before",
+              "test_a_rollback_takes_the_average_back_too"}
 
 
 def pytest_collection_modifyitems(items):

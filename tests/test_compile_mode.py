@@ -58,7 +58,7 @@ REFUSED = [
     (["impl.compile=true", "impl.compile_mode=reduce-overhead"], "records CUDA graphs, which need a CUDA device"),
     (["impl.compile=true", "impl.compile_mode=max-autotune"], "records CUDA graphs, which need a CUDA device"),
     (["impl.compile=true", "impl.compile_mode=max-autotune", "impl.device=cuda", "impl.distributed=deepspeed"],
-     "DeepSpeed's engine compiles itself"),
+     "impl.distributed=deepspeed compiles the model itself"),
 ]
 
 

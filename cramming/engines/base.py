@@ -20,6 +20,8 @@ class Engine:
     active = False  # several processes share the run
     stops_within_step = True  # the budget is checked inside a long accumulated step (ranks could not agree there)
     state_folder = None  # the checkpoint's sub-folder holding this engine's own state files, if it has one
+    shards_weights = False  # each process holds only part of the parameters (train.averaging refuses that)
+    compiles_itself = False  # the engine calls torch.compile itself, in its own mode (impl.compile_mode refuses that)
     compile_mode = "default"  # impl.compile_mode, learnt in prepare() for compile()
 
     def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):

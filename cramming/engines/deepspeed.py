@@ -156,6 +156,8 @@ class DeepSpeed(Torchrun):
     name = "deepspeed"
     state_folder = FOLDER
     same_world_to_resume = True  # each rank's ZeRO partition of the optimizer state is its own file
+    shards_weights = True  # the fp32 master weights are partitioned by ZeRO
+    compiles_itself = True  # DeepSpeed's engine compiles in place, with torch's default mode
 
     @classmethod
     def join(cls, device_type: str) -> "DeepSpeed":

@@ -17,6 +17,7 @@ def blocks_of(model) -> list:
 class FSDP2(Torchrun):
     name = "fsdp2"
     state_folder = "sharded"
+    shards_weights = True
 
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
         if config.train.optim.name == "muon":

@@ -21,9 +21,10 @@ PORTABLE_KERNELS = {"attention_impl": "sdpa", "rotary_impl": "torch", "loss_impl
 RUN_ONLY = ("triton", "fused")
 
 
-def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path) -> Path:
-    final = run_dir / "checkpoint"
-    tmp = run_dir / "checkpoint.tmp"
+def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = "checkpoint") -> Path:
+    """`name`: the folder, `checkpoint` for the last weights, `final-<kind>` for averaged ones (averaging.py)."""
+    final = run_dir / name
+    tmp = run_dir / f"{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model = Engine.unwrap(model)
     model.config.auto_map = dict(AUTO_MAP)

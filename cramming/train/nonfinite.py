@@ -40,7 +40,7 @@ def rollback(trainer, state, loss, grad_norm) -> None:
     """Back to the last checkpoint's weights and optimizer, with the learning rate scaled down; the clock, the
     data and the random streams keep moving forward."""
     reason, latest = what(state, loss), trainer.checkpointer.latest()
-    load_weights(latest, trainer.model, trainer.optimizer, trainer.scaler, trainer.engine)
+    load_weights(latest, trainer.model, trainer.optimizer, trainer.scaler, trainer.engine, trainer.averaging)
     state.rollbacks += 1
     state.lr_scale *= trainer.cfg.rollback_lr_factor
     trainer.log.log({"step": state.step, "event": "rollback", "reason": reason, "checkpoint": str(latest),

@@ -50,11 +50,12 @@ class Checkpointer:
     it has any), and rank 0 alone writes the rest, the marker and the rename."""
 
     def __init__(self, run_dir: Path, every_minutes: float | None, keep: int, config: dict,
-                 engine: Engine | None = None):
+                 engine: Engine | None = None, averaging=None):
         self.folder = Path(run_dir) / "checkpoints"
         self.every = None if every_minutes is None else every_minutes * 60
         self.keep, self.config = keep, config
         self.dist = engine or Engine()
+        self.averaging = averaging  # train.averaging's state (averaging.py) goes into state.pt too
         self.last_save = time.perf_counter()
 
     def due(self) -> bool:
@@ -73,6 +74,8 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         self.dist.barrier()
         saved = {"scaler": scaler.state_dict(), "state": state.to_dict(), "config": self.config}
+        if self.averaging is not None:  # every rank averages the same whole weights: rank 0's copy is saved
+            saved["averaging"] = self.averaging.state_dict()
         self.dist.save_state(model, optimizer, tmp, saved)
         if self.dist.main:
             torch.save(saved, tmp / "state.pt")
@@ -99,10 +102,11 @@ class Checkpointer:
         return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, model, optimizer, scaler, engine: Engine | None = None) -> TrainState:
+def load_checkpoint(path: Path, model, optimizer, scaler, engine: Engine | None = None,
+                    averaging=None) -> TrainState:
     """Restore everything saved in `path` into the given objects; returns the trainer state."""
     engine = engine or Engine()
-    saved = load_weights(path, model, optimizer, scaler, engine)
+    saved = load_weights(path, model, optimizer, scaler, engine, averaging)
     rng = Path(path) / f"rng-{engine.rank}.pt"
     if rng.is_file():
         restore_rng(torch.load(rng, weights_only=False))
@@ -127,13 +131,16 @@ def check_written_alike(path: Path, engine: Engine) -> None:
                             f"it on {written_by} processes, not {engine.world}")
 
 
-def load_weights(path: Path, model, optimizer, scaler, engine: Engine | None = None) -> dict:
-    """Model, optimizer and scaler (a rollback needs no more: the clock, data and RNG keep moving forward)."""
+def load_weights(path: Path, model, optimizer, scaler, engine: Engine | None = None, averaging=None) -> dict:
+    """Model, optimizer, scaler and the weight average (a rollback needs no more: the clock, data and RNG keep
+    moving forward)."""
     engine = engine or Engine()
     saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
     check_written_alike(path, engine)
     engine.load_state(model, optimizer, path, saved)
     scaler.load_state_dict(saved["scaler"])
+    if averaging is not None:
+        averaging.load_state_dict(saved.get("averaging"), path)
     return saved
 
 

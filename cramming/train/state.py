@@ -21,6 +21,7 @@ class TrainState:
     lr_scale: float = 1.0  # lowered by each rollback
     last_loss: float = float("nan")
     untrained: dict = field(default_factory=dict)  # validation metrics before the first step
+    energy_joules: float | None = 0.0  # measured by the launches up to this state, all ranks; None = not measurable
 
     def to_dict(self) -> dict:
         return asdict(self)

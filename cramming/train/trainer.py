@@ -73,6 +73,8 @@ class Trainer:
     device: torch.device
     autocast: object
     validation: object = None
+    averaging: object = None  # an Averager (averaging.py), updated after each applied step, or None
+    energy: object = None  # an EnergyMeter (energy.py): joules while the budget clock runs, or None
 
     def __post_init__(self):
         self.schedule = SCHEDULES.get_or_explain(self.cfg.schedule)
@@ -91,6 +93,8 @@ class Trainer:
         bar = tqdm(total=100, desc="training", bar_format="{l_bar}{bar}| {n:.1f}% [{elapsed}<{remaining}]{postfix}",
                    mininterval=1, disable=not self.engine.main)
         self.start = time.perf_counter() - state.elapsed
+        if self.energy is not None:
+            self.energy.begin(state.energy_joules)
         step_loss = None
         with StopFlag() as stop, bar:  # the bar closes on every path, an exception's too
             # state.elapsed is the clock as all ranks agreed on it at the end of the previous step
@@ -110,6 +114,8 @@ class Trainer:
                 state.tokens += step_tokens
                 if state.step == 1 and state.compile_seconds == 0.0:
                     state.compile_seconds = time.perf_counter() - step_start
+                if self.averaging is not None:  # the fraction from the clock all ranks agreed on last
+                    self.averaging.update(state.step, self.budget.fraction(state.elapsed, state.step))
                 if state.step % self.cfg.log_every == 0 and self.engine.main:
                     state.last_loss = step_loss.item()
                     self.log_step(state, plan, batch_size, step_tokens, grad_norm, step_start)
@@ -119,6 +125,8 @@ class Trainer:
                 bar.n = round(100 * self.budget.fraction(state.elapsed, state.step), 1)
                 bar.refresh()
             bar.n = 100
+        if self.energy is not None:
+            self.energy.stop()
         if state.step and state.step % self.cfg.log_every and step_loss is not None:
             state.last_loss = step_loss.item()
         return self.result(state)
@@ -179,7 +187,12 @@ class Trainer:
         checkpoint and the validation that are due."""
         state.elapsed, stopped, due = self.engine.agree(self.clock(), stop.signal is not None,
                                                         self.checkpointer.due(), device=self.device)
+        if self.energy is not None:
+            self.energy.sample()
         if stopped or due:
+            if self.energy is not None:  # the run's joules so far, for a resumed launch to go on from
+                self.energy.sample(force=True)
+                state.energy_joules = self.energy.run_joules(self.engine, self.device)
             saved = self.checkpointer.save(self.model, self.optimizer, self.scaler, state)
             state.elapsed = self.engine.agree(self.clock(), device=self.device)[0]
             if stopped:
@@ -188,7 +201,11 @@ class Trainer:
                                  "(train.resume=auto)", EXIT_PREEMPTED)
         if self.validation is not None and self.validation.due(state.elapsed):
             paused = time.perf_counter()
+            if self.energy is not None:
+                self.energy.pause()
             record = self.validation.measure()
+            if self.energy is not None:
+                self.energy.resume()
             spent = time.perf_counter() - paused
             self.start += spent  # the budget clock stops while validating
             self.validation.seconds += spent
