@@ -192,25 +192,29 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
                       PeriodicValidation(every, measure) if every else None, averaging,
                       EnergyMeter.for_device(runtime.device, engine.local_rank))
     result, final, validating = fit(trainer, state, measure, log)
-    eval_seconds += validating
     say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
         f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
     rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
     started = time.time()
     averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
-    eval_seconds += time.time() - started
-    seconds = {"setup": setup_seconds, "eval": eval_seconds}
+    seconds = {"setup": setup_seconds, "eval": eval_seconds + validating + time.time() - started}
     summary = summarize(config, runtime, engine, parameters, flops, result, final, state.untrained, seconds,
                         resumed_from, folder, meta)
     summary.update(trainer.energy.summary(engine, runtime.device, result["tokens"]))
     summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
+    save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
+    return summary
+
+
+def save_all(model, averaging, averaged, tokenizer, summary: dict, run_dir: Path, runtime, engine, rebuild) -> None:
+    """The final checkpoint, and the averaged weights' beside it, written on rank 0 (every rank takes part in
+    gathering the weights)."""
     final_model = engine.whole_model(model, rebuild)
     if engine.main:
         if averaged:
             save_checkpoint(averaged[1], tokenizer, summary, run_dir, averaging.folder)
         save_final(final_model, tokenizer, summary, run_dir, runtime, engine)
     engine.barrier()
-    return summary
 
 
 def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective: str, say) -> dict | None:

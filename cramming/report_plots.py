@@ -243,6 +243,20 @@ def energy_notes(runs) -> list[str]:
     return ["", " ".join(notes)] if notes else []
 
 
+def scaling_section(runs, labels: list[str], out: Path) -> list[str]:
+    """The power-law fit of final validation loss against training FLOPs, with its figure, or why there is none."""
+    points, reason = scaling_points(runs)
+    if reason:
+        return [reason + "."]
+    fit = fit_power_law([c for _, c, _ in points], [v for _, _, v in points])
+    fit_labels = [labels[runs.index(run)] for run, _, _ in points]
+    return [f"![scaling]({save(scaling_figure(points, fit_labels, fit), out / 'scaling.png')})", "",
+            (f"val_loss ≈ a · C^(-b) with **a = {fit['a']:.6g}**, **b = {fit['b']:.6g}** "
+             f"(R² = {fit['r2']:.4f} in log-log space, {fit['n']} finished runs), C = training FLOPs. "
+             "A least-squares line through log C and log loss; no irreducible-loss term. It pools every "
+             "finished run, whatever else differs between them.")]
+
+
 def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: float,
                  sources: list[str]) -> tuple[Path, str]:
     """runs.csv, the figures, and report.md with the table, the loss curves, the scaling fit and the runs that
@@ -279,19 +293,7 @@ def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: fl
     else:
         md.append("No run has logged a training step yet.")
 
-    md += ["", "## Scaling", ""]
-    points, reason = scaling_points(runs)
-    if reason:
-        md.append(reason + ".")
-    else:
-        fit = fit_power_law([c for _, c, _ in points], [v for _, _, v in points])
-        fit_labels = [labels[runs.index(run)] for run, _, _ in points]
-        md += [f"![scaling]({save(scaling_figure(points, fit_labels, fit), out / 'scaling.png')})", "",
-               (f"val_loss ≈ a · C^(-b) with **a = {fit['a']:.6g}**, **b = {fit['b']:.6g}** "
-                f"(R² = {fit['r2']:.4f} in log-log space, {fit['n']} finished runs), C = training FLOPs. "
-                "A least-squares line through log C and log loss; no irreducible-loss term. It pools every "
-                "finished run, whatever else differs between them.")]
-
+    md += ["", "## Scaling", ""] + scaling_section(runs, labels, out)
     incomplete = [r for r in runs if not r.finished]
     md += ["", "## Incomplete runs", ""]
     md += [f"- `{r.name}`: {progress(r)} (`{r.path}`)" for r in incomplete]
