@@ -14,6 +14,7 @@ from cramming.config import TrainConfig, load_config
 from cramming.errors import UserError, exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import ATTENTION_KERNELS
+from cramming.model.kv_cache import CACHE_KEY
 from cramming.model.losses import LOSSES, head_logits
 from cramming.model.parametrization import hidden_weights
 from cramming.train.optim import build_optimizer
@@ -165,3 +166,15 @@ def test_bad_values_exit_2_with_one_line(overrides, message, capsys):
 def test_mup_with_adamw_and_lion_is_accepted():
     for name in ("adamw", "lion"):
         assert config_for("arch.parametrization=mup", f"train.optim.name={name}").arch.parametrization == "mup"
+
+
+def test_the_kv_cache_path_uses_the_same_scale():
+    """A cached step (attend_to_cache) gives the logits of the full forward under muP's scale (init_std 0.5: at
+    0.02 the scores are all about 0 and no scale would show)."""
+    m, tokens = model(128, base=32, init_std=0.5).eval(), ids()
+    with torch.no_grad():
+        full = m(tokens).logits[:, -1]
+        prompt = m(tokens[:, :-1], use_cache=True)
+        step = m(tokens[:, -1:], attention_mask=torch.ones_like(tokens), use_cache=True,
+                 **{CACHE_KEY: getattr(prompt, CACHE_KEY)}).logits[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-5)
