@@ -207,6 +207,7 @@ def components() -> list[tuple]:
     from .model.linear import LINEARS, projections_problem
     from .model.losses import LOSSES
     from .model.norms import NORMS
+    from .model.parametrization import PARAMETRIZATIONS
     from .model.patterns import PATTERNS
     from .model.positions import POSITIONS
     from .model.registry import own_problem
@@ -231,6 +232,7 @@ def components() -> list[tuple]:
         ("impl.attention", ATTENTION_KERNELS, ("auto",), None),
         ("impl.rotary", ROTARY_IMPLS, ("auto",), None), ("impl.loss", LOSSES, ("auto",), None),
         ("impl.distributed", ENGINES, ("auto",), None),  # engines are asked once the world is known (Engine.problem)
+        ("arch.parametrization", PARAMETRIZATIONS, (), own_problem),
     ]
 
 

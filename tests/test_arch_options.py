@@ -60,6 +60,7 @@ NONDEFAULT = {
     "sparse_prediction": (False, []), "init": ("small", []), "init_std": (0.05, []), "hidden_dropout": (0.2, []),
     "attention_dropout": (0.3, []),
     "logit_softcap": (15.0, []), "zero_init_out": (True, []), "value_embeddings": (1, []), "unet_skips": (True, []),
+    "parametrization": ("mup", []), "mup_base_width": (32, []),
 }
 
 

@@ -73,10 +73,12 @@ class ArchConfig:
     zero_init_out: bool = False  # attention and FFN output projections start at zero
     value_embeddings: int = 0  # token-embedding tables mixed into the values of the first and last k layers
     unet_skips: bool = False  # first half's block outputs added to the mirrored second half's inputs
+    parametrization: str = "standard"  # standard | mup: how init, lr, logits and attention scale with width
+    mup_base_width: int = 128  # mup: the hidden_size at which muP equals the standard parametrization
 
     # What each plain option accepts (cramming/rules.py); named components are checked by their registries.
     RULES: ClassVar[dict] = {
         "num_layers": "> 0", "hidden_size": "> 0", "num_heads": "> 0", "ffn_size": "> 0", "max_seq_length": "> 0",
         "norm_position": ("pre", "post"), "gmlp_attn_dim": ">= 0", "linear_on": ("ffn", "attention"),
-        "init_std": "> 0", "hidden_dropout": "[0, 1)", "attention_dropout": "[0, 1)",
+        "init_std": "> 0", "hidden_dropout": "[0, 1)", "attention_dropout": "[0, 1)", "mup_base_width": "> 0",
     }

@@ -1,6 +1,7 @@
-"""Multi-head self-attention. The kernel that computes softmax(QK^T/sqrt(d) + bias)V is chosen by name
+"""Multi-head self-attention. The kernel that computes softmax(QK^T * scale + bias)V is chosen by name
 (`impl.attention`): every kernel takes the same arguments (their meaning: masks.py) and must give the same
-numbers, or refuse what it cannot do.
+numbers, or refuse what it cannot do. `scale` is None for the usual 1/sqrt(d), or the one arch.parametrization
+sets (parametrization.py: muP's 1/d).
 """
 
 import math
@@ -13,6 +14,7 @@ from .kv_cache import LayerCache, alibi_bias_at
 from .linear import build_linear
 from .masks import alibi_bias, alibi_slopes, visible_keys  # noqa: F401  (alibi_slopes: part of this API)
 from .norms import build_norm
+from .parametrization import parametrization
 from .patterns import PATTERNS
 from .positions import POSITIONS
 from .registry import Registry
@@ -66,25 +68,27 @@ def score_bias(q, alibi: bool, bias):
 
 @attention_kernel("sdpa", serves={"window", "stepped", "alibi", "bias", "dropout"})
 def sdpa_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                   stepped=None, topk=None, bias=None):
+                   stepped=None, topk=None, bias=None, scale=None):
     """PyTorch's fused kernels (flash / memory-efficient / math, picked by PyTorch from the mask it gets)."""
     if topk is not None:
         raise ValueError("the 'sdpa' attention kernel cannot do top-k attention (it never holds the scores); "
                          "use the 'eager' kernel")
     if key_padding_mask is None and window is None and stepped is None and not alibi and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal)  # flash-eligible
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
+                                              scale=scale)  # flash-eligible
     mask = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped)
     additive = score_bias(q, alibi, bias)
     if additive is not None:
         mask = (additive if mask is None else additive.masked_fill(~mask, float("-inf"))).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
 @attention_kernel("eager", serves=set(FEATURES))
 def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                    stepped=None, topk=None, bias=None):
+                    stepped=None, topk=None, bias=None, scale=None):
     """The textbook formula, in fp32: the reference the fused kernels are tested against."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = q.float() @ k.float().transpose(-2, -1)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     additive = score_bias(q, alibi, bias)
     if additive is not None:
         scores = scores + additive
@@ -103,7 +107,8 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
     return (probs @ v.float()).to(q.dtype)
 
 
-def attend_to_cache(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_args, dropout_p=0.0):
+def attend_to_cache(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_args, dropout_p=0.0,
+                    scale=None):
     """The queries of the last q.shape[2] positions against all k.shape[2] keys (a KV cache's step), with the same
     mask and bias as the square kernels: the pattern's mask at absolute positions, causality, padding, ALiBi and
     the given bias. One formula for every impl.attention (the fused kernels need equal q and k lengths): SDPA with
@@ -123,9 +128,9 @@ def attend_to_cache(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pat
         additive = additive + bias.float()
     additive = additive.masked_fill(~visible, float("-inf"))
     if pattern_args.get("topk") is not None:
-        y = eager_attention(q, k, v, dropout_p=dropout_p, topk=pattern_args["topk"], bias=additive)
+        y = eager_attention(q, k, v, dropout_p=dropout_p, topk=pattern_args["topk"], bias=additive, scale=scale)
     else:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=dropout_p)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=dropout_p, scale=scale)
     return y.masked_fill(~visible.any(-1, keepdim=True), 0.0)
 
 
@@ -163,6 +168,8 @@ class SelfAttention(nn.Module):
         self.alibi = positions.alibi
         self.rotary = positions.rotation(config, index)
         self.value_mix = ValueMix() if index in value_layers(config) else None  # arch.value_embeddings
+        scale = parametrization(config).attention_scale(config)  # None: 1/sqrt(head_dim)
+        self.scale = {} if scale is None else {"scale": scale}  # every kernel call gets it
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, cache: LayerCache | None = None,
@@ -184,7 +191,7 @@ class SelfAttention(nn.Module):
             if self.rotary is not None:
                 q, k = self.rotary(q, k)
             y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
-                            dropout_p=dropout_p, bias=bias, **self.pattern_args)
+                            dropout_p=dropout_p, bias=bias, **self.pattern_args, **self.scale)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
 
     def attend_with_cache(self, q, k, v, key_padding_mask, bias, cache: LayerCache, dropout_p: float):
@@ -196,6 +203,6 @@ class SelfAttention(nn.Module):
         k, v = cache.append(k, v)
         if cache.past == 0:
             return self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
-                               dropout_p=dropout_p, bias=bias, **self.pattern_args)
+                               dropout_p=dropout_p, bias=bias, **self.pattern_args, **self.scale)
         return attend_to_cache(q, k, v, key_padding_mask, self.causal, self.alibi, bias, self.pattern,
-                               self.pattern_args, dropout_p)
+                               self.pattern_args, dropout_p, **self.scale)

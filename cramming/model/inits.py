@@ -1,6 +1,7 @@
 """Weight initialisations by name (`arch.init`): the std of the normal each linear or embedding weight is drawn
 from. A residual branch's output projection is marked `residual_output` (attention.py, ffn.py, gmlp.py)."""
 
+from .parametrization import parametrization
 from .registry import Registry, invalid
 
 INITS = Registry("init")
@@ -36,10 +37,12 @@ class MegatronScaled(Normal):
 def init_std(config, module) -> float:
     """The std arch.init gives this module's weight; 0 for a residual branch's output projection under
     arch.zero_init_out (the speedrun's zero-initialised projections: every block starts as the identity, and the
-    branch's other weights get gradients once its output projection has moved)."""
+    branch's other weights get gradients once its output projection has moved). A hidden matrix's std is then
+    scaled by arch.parametrization (parametrization.py: init_std / sqrt(m) under mup)."""
     if getattr(config, "zero_init_out", False) and getattr(module, "residual_output", False):
         return 0.0
-    return INITS.get_or_explain(config.init).std(config, module)
+    std = INITS.get_or_explain(config.init).std(config, module)
+    return parametrization(config).hidden_std(config, std) if getattr(module, "hidden_matrix", False) else std
 
 
 def zero_init_problem(config) -> str | None:

@@ -16,20 +16,30 @@ from .softcap import soft_cap
 LOSSES = Registry("loss")
 
 
+def head_logits(hidden: torch.Tensor, decoder: nn.Linear, softcap: float | None = None, multiplier: float = 1.0):
+    """The head's logits: the decoder's, times the output multiplier (arch.parametrization: 1 / m under mup),
+    then soft-capped at softcap if set."""
+    logits = decoder(hidden)
+    return soft_cap(logits if multiplier == 1.0 else logits * multiplier, softcap)
+
+
 @LOSSES.register_one("plain")
 class PlainLoss:
     def __call__(self, hidden: torch.Tensor, decoder: nn.Linear, targets: torch.Tensor, training: bool,
-                 softcap: float | None = None):
-        """(mean cross-entropy over targets != -100, logits or None); the logits soft-capped at softcap if set."""
-        logits = soft_cap(decoder(hidden), softcap)
+                 softcap: float | None = None, multiplier: float = 1.0):
+        """(mean cross-entropy over targets != -100, logits or None), on head_logits."""
+        logits = head_logits(hidden, decoder, softcap, multiplier)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
         return loss, logits
 
 
 @LOSSES.register_one("fused")
 class FusedLoss(PlainLoss):
-    def __call__(self, hidden, decoder, targets, training, softcap=None):
+    def __call__(self, hidden, decoder, targets, training, softcap=None, multiplier=1.0):
         if not training:
-            return super().__call__(hidden, decoder, targets, training, softcap)
-        # no logits, ever in full
-        return linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets, softcap), None
+            return super().__call__(hidden, decoder, targets, training, softcap, multiplier)
+        # no logits, ever in full; m (h W^T + b) = (m h) W^T + m b: the multiplier scales the rows, not the weight
+        bias = decoder.bias
+        if multiplier != 1.0:
+            hidden, bias = hidden * multiplier, None if bias is None else bias * multiplier
+        return linear_cross_entropy(hidden, decoder.weight, bias, targets, softcap), None

@@ -20,10 +20,10 @@ from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
 from .inits import init_std
 from .kv_cache import CACHE_KEY, LayerCache
-from .losses import LOSSES
+from .losses import LOSSES, head_logits
 from .norms import ScaleNorm, build_norm
+from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
-from .softcap import soft_cap
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
 
@@ -32,6 +32,11 @@ class CrammedPreTrainedModel(PreTrainedModel):
     config_class = CrammedConfig
     base_model_prefix = "encoder"
     _supports_sdpa = True
+
+    @property
+    def logit_multiplier(self) -> float:
+        """What the LM head multiplies its logits by (arch.parametrization: 1 / m under mup, else 1)."""
+        return parametrization(self.config).output_multiplier(self.config)
 
     def init_std_for(self, module) -> float:
         """The std arch.init (and arch.zero_init_out) gives this module's weights (inits.py)."""
@@ -84,6 +89,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.embedding_norm = build_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(build_layers(config))
+        mark_hidden(self.layers)  # arch.parametrization scales their init (inits.py) and lr (train/optim.py)
         # A score bias shared by all layers (T5's relative-position bias), computed once per forward (rpe_cache)
         # or again in every layer. The name `rpe` is what saved checkpoints hold.
         self.rpe = positions.score_bias(config)
@@ -156,6 +162,7 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
                 _Activation(config.activation),
                 build_norm(config),
             )
+            mark_hidden(self.transform)
         else:
             self.transform = nn.Identity()
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.bias)
@@ -170,14 +177,16 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> MaskedLMOutput:
         hidden = self.encoder(input_ids, attention_mask).last_hidden_state
         if labels is None:
-            return MaskedLMOutput(logits=soft_cap(self.decoder(self.transform(hidden)), self.config.logit_softcap))
+            return MaskedLMOutput(logits=head_logits(self.transform(hidden), self.decoder, self.config.logit_softcap,
+                                                     self.logit_multiplier))
         if self.config.sparse_prediction:
             labels = labels.reshape(-1)
             selected = labels != -100
             hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
             labels = labels[selected]
         loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(self.transform(hidden), self.decoder, labels,
-                                                                     self.training, self.config.logit_softcap)
+                                                                     self.training, self.config.logit_softcap,
+                                                                     self.logit_multiplier)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 
@@ -241,14 +250,14 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         hidden = self.encoder(input_ids, attention_mask, cache=cache).last_hidden_state
         if labels is None:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-            logits = soft_cap(self.decoder(hidden[:, keep]), self.config.logit_softcap)
+            logits = head_logits(hidden[:, keep], self.decoder, self.config.logit_softcap, self.logit_multiplier)
             return CausalLMOutputWithPast(logits=logits, **{CACHE_KEY: cache})
         # Position t predicts token t + 1; the last position predicts nothing (-100). Shift the targets, not the
         # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
         # gradient backward, a tenth of a small model's CPU step.
         targets = F.pad(labels[:, 1:], (0, 1), value=-100)
         loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(hidden, self.decoder, targets, self.training,
-                                                                     self.config.logit_softcap)
+                                                                     self.config.logit_softcap, self.logit_multiplier)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
 
 

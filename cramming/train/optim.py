@@ -2,13 +2,15 @@
 position scale).
 
 Every param group carries "base_lr", its peak learning rate: the trainer sets group["lr"] = group["base_lr"] *
-schedule(...) before each step, so groups with different peaks (Muon's matrices, AdamW's rest) share one schedule.
+schedule(...) before each step, so groups with different peaks (Muon's matrices, AdamW's rest, muP's hidden
+matrices at train.lr / m) share one schedule.
 """
 
 import torch
 
 from ..engines import Engine
 from ..errors import UserError
+from ..model.parametrization import hidden_weights, parametrization
 from ..model.registry import Registry, invalid
 from .lion import Lion
 
@@ -37,15 +39,28 @@ def decay_groups(params, cfg, lr: float) -> list[dict]:
     return [{**group, "lr": lr, "base_lr": lr} for group in groups if group["params"]]
 
 
-def fused_adamw(params, cfg) -> torch.optim.AdamW:
+def width_groups(model, cfg) -> list[dict]:
+    """decay_groups at train.lr, plus arch.parametrization's hidden matrices in a decayed group of their own at
+    train.lr times its factor (1 / m under mup); with a factor of 1 the groups are decay_groups' exactly."""
+    config = getattr(model, "config", None)
+    factor = parametrization(config).hidden_lr_factor(config)
+    if factor == 1.0:
+        return decay_groups(model.parameters(), cfg, cfg.lr)
+    hidden = {id(p) for p in hidden_weights(model)}
+    rest = [p for p in model.parameters() if id(p) not in hidden]
+    lr = cfg.lr * factor
+    return [*decay_groups(rest, cfg, cfg.lr),
+            {"params": hidden_weights(model), "weight_decay": cfg.weight_decay, "lr": lr, "base_lr": lr}]
+
+
+def fused_adamw(groups: list[dict], cfg) -> torch.optim.AdamW:
     # The fused kernel (CUDA and CPU) updates all tensors in one pass instead of one small op per tensor.
-    return torch.optim.AdamW(decay_groups(params, cfg, cfg.lr), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                             fused=True)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
 
 
 @OPTIMIZERS.register("adamw")
 def adamw(model, cfg):
-    return fused_adamw(model.parameters(), cfg)
+    return fused_adamw(width_groups(model, cfg), cfg)
 
 
 def sgd_problem(config) -> str | None:
@@ -64,7 +79,7 @@ def sgd(model, cfg):
 @OPTIMIZERS.register("lion")
 def lion(model, cfg):
     """Lion with train.betas; it wants a smaller train.lr than AdamW (see lion.py)."""
-    return Lion(decay_groups(model.parameters(), cfg, cfg.lr), lr=cfg.lr, betas=tuple(cfg.betas))
+    return Lion(width_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas))
 
 
 def hidden_matrices(model) -> list[torch.nn.Parameter]:
@@ -102,7 +117,7 @@ def muon(model, cfg):
     o = cfg.optim
     hidden = torch.optim.Muon([{"params": matrices, "lr": o.muon_lr, "base_lr": o.muon_lr}], lr=o.muon_lr,
                               weight_decay=cfg.weight_decay, momentum=o.muon_momentum, nesterov=o.nesterov)
-    return Combined(hidden, fused_adamw(rest, cfg))
+    return Combined(hidden, fused_adamw(decay_groups(rest, cfg, cfg.lr), cfg))
 
 
 class Combined(torch.optim.Optimizer):

@@ -1,0 +1,99 @@
+"""How the weights scale with width, by name (`arch.parametrization`).
+
+`standard` is what every other option assumes. `mup` is the Maximal Update Parametrization for Adam-family
+optimizers (Yang et al. 2022, "Tensor Programs V", Table 3 and 8; the `mup` package's MuReadout / MuAdam), so that
+a learning rate tuned at width arch.mup_base_width transfers to wider models. With width multiplier
+m = hidden_size / mup_base_width:
+- hidden matrices (every dense projection inside the blocks, and the MLM head's transform) start at std
+  init_std / sqrt(m) (fan-in scaling) and get Adam learning rate train.lr / m;
+- embeddings, norms, biases and the scalar mixing weights keep their init and learning rate;
+- the output logits are multiplied by 1 / m (the readout is tied to the embeddings: the logits are scaled, never
+  the shared weight), before arch.logit_softcap;
+- attention scores are scaled by sqrt(d0) / d instead of 1 / sqrt(d), where d is the head dim and d0 the head dim
+  at the base width (same heads): 1/d as muP asks, equal to 1 / sqrt(d) at m = 1 (the `mup` examples' 8/d at
+  d0 = 64).
+At m = 1 muP is the standard parametrization exactly: same init, learning-rate groups, logits and scores.
+"""
+
+import math
+
+from .registry import Registry, invalid
+
+PARAMETRIZATIONS = Registry("parametrization")
+ADAM_LIKE = ("adamw", "lion")  # per-coordinate normalised updates: muP's Adam table holds (Lion's sign update too)
+
+
+@PARAMETRIZATIONS.register_one("standard")
+class Standard:
+    """Every width gets the same init std, learning rate, logit multiplier and 1 / sqrt(d) attention."""
+
+    def width_multiplier(self, config) -> float:
+        return 1.0
+
+    def hidden_std(self, config, std: float) -> float:
+        return std
+
+    def output_multiplier(self, config) -> float:
+        return 1.0
+
+    def attention_scale(self, config) -> float | None:
+        """None: the kernel's own 1 / sqrt(head_dim)."""
+        return None
+
+    def hidden_lr_factor(self, config) -> float:
+        return 1.0
+
+
+@PARAMETRIZATIONS.register_one("mup")
+class Mup(Standard):
+    def width_multiplier(self, config) -> float:
+        return config.hidden_size / config.mup_base_width
+
+    def hidden_std(self, config, std: float) -> float:
+        return std / math.sqrt(self.width_multiplier(config))
+
+    def output_multiplier(self, config) -> float:
+        return 1.0 / self.width_multiplier(config)
+
+    def attention_scale(self, config) -> float | None:
+        head_dim = config.hidden_size // config.num_heads
+        base_head_dim = config.mup_base_width / config.num_heads
+        if head_dim == base_head_dim:
+            return None  # the standard scale, bit for bit
+        return math.sqrt(base_head_dim) / head_dim
+
+    def hidden_lr_factor(self, config) -> float:
+        return 1.0 / self.width_multiplier(config)
+
+    def problem(self, config) -> str | None:
+        """What muP is not defined for here (config: a PretrainConfig)."""
+        a, name = config.arch, config.train.optim.name
+        if name not in ADAM_LIKE:
+            return invalid("train.optim.name", name, "arch.parametrization=mup scales learning rates for Adam-family "
+                           f"optimizers only; use one of {', '.join(ADAM_LIKE)} or arch.parametrization=standard")
+        if a.linear != "dense" and a.linear_on:
+            return invalid("arch.linear", a.linear, "arch.parametrization=mup needs dense projections (a structured "
+                           "layer's factors have no single fan-in); use arch.linear=dense")
+        if "gmlp" in a.layout:
+            return invalid("arch.layout", a.layout, "arch.parametrization=mup does not scale gMLP's spatial gate "
+                           "(its fan-in is the sequence, not the width); use arch.layout=[attention]")
+        return None
+
+
+def parametrization(config):
+    """The entry arch.parametrization names (config: an ArchConfig or CrammedConfig; old checkpoints: standard)."""
+    return PARAMETRIZATIONS.get_or_explain(getattr(config, "parametrization", "standard"))
+
+
+def mark_hidden(module) -> None:
+    """Mark every dense projection under `module` as a hidden matrix (muP's width-scaled init and learning rate)."""
+    from torch import nn
+
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            sub.hidden_matrix = True
+
+
+def hidden_weights(model) -> list:
+    """The weights of the modules mark_hidden marked: the parameters muP gives train.lr / m."""
+    return [m.weight for m in model.modules() if getattr(m, "hidden_matrix", False) and m.weight.requires_grad]

@@ -1,0 +1,180 @@
+"""arch.parametrization=mup (model/parametrization.py), observed: the coordinate check (how much a few Adam steps
+move the logits stays flat with width under muP and grows under the standard parametrization), muP at its base
+width being the standard parametrization exactly, the init, learning-rate groups, logit multiplier and attention
+scale it sets, and the refusals."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from cramming.config import TrainConfig, load_config
+from cramming.errors import UserError, exit_on_user_error
+from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
+from cramming.model.attention import ATTENTION_KERNELS
+from cramming.model.kv_cache import CACHE_KEY
+from cramming.model.losses import LOSSES, head_logits
+from cramming.model.parametrization import hidden_weights
+from cramming.train.optim import build_optimizer
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+WIDTHS = (32, 64, 128, 256)
+
+
+def model(width=64, parametrization="mup", base=32, head=CrammedForCausalLM, seed=0, **kwargs):
+    """Two heads at every width: muP here scales the head dim (the base model has the same heads)."""
+    args = dict(vocab_size=256, hidden_size=width, num_layers=2, num_heads=2, ffn_size=4 * width, ffn="mlp",
+                objective="clm" if head is CrammedForCausalLM else "mlm", position="rotary",
+                parametrization=parametrization, mup_base_width=base, attention_impl="eager")
+    torch.manual_seed(seed)
+    return head(CrammedConfig(**{**args, **kwargs}))
+
+
+def ids(seed=1):
+    return torch.randint(5, 256, (8, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def adam(m, lr=1e-3):
+    return build_optimizer(m, TrainConfig(lr=lr, weight_decay=0.0), torch.device("cpu"))
+
+
+def changes(parametrization: str, width: int, steps: int = 3) -> tuple[float, float]:
+    """The std of how much `steps` Adam steps on one fixed batch move the logits and the last block's output (the
+    residual stream before the final norm): muP's "maximal update" is Theta(1) in width for both."""
+    m, tokens = model(width, parametrization), ids()
+    optimizer, seen = adam(m), {}
+    m.encoder.layers[-1].register_forward_hook(lambda module, args, out: seen.__setitem__("stream", out))
+
+    def forward():
+        with torch.no_grad():
+            return m(tokens).logits, seen["stream"]
+
+    logits, stream = forward()
+    for _ in range(steps):
+        m(tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    new_logits, new_stream = forward()
+    return (new_logits - logits).std().item(), (new_stream - stream).std().item()
+
+
+def test_coordinate_check_flat_under_mup_and_growing_under_standard():
+    """Standard: Adam moves every weight by ~lr whatever the width, so the logits move ~width times more (measured:
+    x8 from 32 to 256) and the residual stream too (x2.6). muP: the stream stays flat (x0.99); the logits are flat at
+    the wide end (x0.94 from 128 to 256; the narrow end still carries the readout's vanishing 1/sqrt(width) term,
+    x0.55 overall). The final norm hides the stream's growth from the logits: both are checked."""
+    std = [changes("standard", w) for w in WIDTHS]
+    mup = [changes("mup", w) for w in WIDTHS]
+    (mup_logits, mup_stream), (std_logits, std_stream) = ([b / a for a, b in zip(x[0], x[-1])] for x in (mup, std))
+    assert 0.4 < mup_logits < 1.5 and abs(math.log(mup[-1][0] / mup[-2][0])) < math.log(1.25), mup
+    assert std_logits > 4 and std_logits > 4 * mup_logits, (std, mup)
+    assert all(b[0] > a[0] for a, b in zip(std[1:], std[2:])), std  # it keeps growing
+    assert 0.8 < mup_stream < 1.25, mup
+    assert std_stream > 2 and std_stream > 2 * mup_stream, (std, mup)
+
+
+@pytest.mark.parametrize("head", [CrammedForCausalLM, CrammedForMaskedLM])
+def test_mup_at_its_base_width_is_standard_exactly(head):
+    kwargs = dict(head=head, head_transform=head is CrammedForMaskedLM)
+    mup, std = model(64, "mup", base=64, **kwargs), model(64, "standard", **kwargs)
+    for (name, a), b in zip(mup.state_dict().items(), std.state_dict().values()):
+        assert torch.equal(a, b), name
+    opt_mup, opt_std = adam(mup), adam(std)
+    assert [(g["base_lr"], len(g["params"])) for g in opt_mup.param_groups] == [
+        (g["base_lr"], len(g["params"])) for g in opt_std.param_groups]
+    tokens = ids()
+    for m, opt in ((mup, opt_mup), (std, opt_std)):
+        m(tokens, labels=tokens).loss.backward()
+        opt.step()
+    mup.eval(), std.eval()
+    assert torch.equal(mup(tokens).logits, std(tokens).logits)
+
+
+def test_hidden_matrices_get_lr_over_m_and_the_rest_keep_lr():
+    m = model(128, base=32, head=CrammedForMaskedLM, head_transform=True, bias=True)  # m = 4
+    groups = adam(m).param_groups
+    hidden = {id(p) for p in hidden_weights(m)}
+    # every dense weight in the blocks and the head transform's; never an embedding, norm or bias
+    blocks = {id(p) for n, p in m.named_parameters() if ("layers." in n or "transform." in n) and n.endswith(
+        "weight") and p.ndim == 2}
+    assert hidden == blocks and id(m.encoder.tokens.weight) not in hidden
+    for group in groups:
+        ids_ = {id(p) for p in group["params"]}
+        assert ids_ <= hidden or not ids_ & hidden
+        assert group["base_lr"] == pytest.approx(1e-3 / 4 if ids_ <= hidden else 1e-3)
+    assert sum(len(g["params"]) for g in groups) == len(list(m.parameters()))
+
+
+def test_hidden_init_is_scaled_by_one_over_sqrt_m_and_embeddings_are_not():
+    m = model(256, base=32)  # m = 8
+    for w in hidden_weights(m):
+        assert w.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.1)
+    assert m.encoder.tokens.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_logits_are_multiplied_by_one_over_m_before_the_softcap():
+    m = model(128, base=32, logit_softcap=0.5).eval()  # m = 4
+    tokens = ids()
+    hidden = m.encoder(tokens).last_hidden_state
+    raw = m.decoder(hidden)
+    want = 0.5 * torch.tanh(raw / 4 / 0.5)
+    with torch.no_grad():
+        torch.testing.assert_close(m(tokens).logits, want)
+    targets = torch.randint(0, 256, hidden.shape[:2])
+    plain, _ = LOSSES["plain"](hidden, m.decoder, targets, True, 0.5, 0.25)
+    fused, _ = LOSSES["fused"](hidden, m.decoder, targets, True, 0.5, 0.25)
+    torch.testing.assert_close(plain, torch.nn.functional.cross_entropy(want.reshape(-1, 256), targets.reshape(-1)))
+    torch.testing.assert_close(fused, plain)
+    torch.testing.assert_close(head_logits(hidden, m.decoder, None, 0.25), raw / 4)
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_attention_scores_are_scaled_by_sqrt_d0_over_d(kernel):
+    """hidden 128, base 32, two heads: d = 64, d0 = 16, scale sqrt(16) / 64 = 1/16 (standard: 1/8)."""
+    attention = model(128, base=32, attention_impl=kernel).encoder.layers[0].attn
+    assert attention.scale == {"scale": 1 / 16}
+    q, k, v = torch.randn(3, 2, 2, 8, 64).unbind(0)
+    want = torch.softmax(q @ k.transpose(-2, -1) / 16, -1) @ v
+    torch.testing.assert_close(ATTENTION_KERNELS[kernel](q, k, v, **attention.scale), want)
+    assert model(32, base=32).encoder.layers[0].attn.scale == {}  # m = 1: the kernel's own 1/sqrt(d)
+
+
+def config_for(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return load_config(compose(config_name="pretrain", overrides=["arch=gpt-tiny", *overrides]))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["arch.parametrization=mup", "train.optim.name=sgd"], "train.optim.name='sgd' is invalid: arch.parametriz"),
+    (["arch.parametrization=mup", "arch.linear=lowrank"], "arch.linear='lowrank' is invalid: arch.parametrization"),
+    (["arch.parametrization=mup", "arch.layout=[gmlp]"], r"arch.layout=\['gmlp'\] is invalid"),
+    (["arch.mup_base_width=0"], "arch.mup_base_width=0"),
+    (["arch.parametrization=umup"], "arch.parametrization='umup' is not a valid option; choose one of: mup, "),
+])
+def test_bad_values_exit_2_with_one_line(overrides, message, capsys):
+    with pytest.raises(UserError, match=message):
+        config_for(*overrides)
+    with pytest.raises(SystemExit) as stopped:
+        exit_on_user_error(config_for)(*overrides)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+
+
+def test_mup_with_adamw_and_lion_is_accepted():
+    for name in ("adamw", "lion"):
+        assert config_for("arch.parametrization=mup", f"train.optim.name={name}").arch.parametrization == "mup"
+
+
+def test_the_kv_cache_path_uses_the_same_scale():
+    """A cached step (attend_to_cache) gives the logits of the full forward under muP's scale (init_std 0.5: at
+    0.02 the scores are all about 0 and no scale would show)."""
+    m, tokens = model(128, base=32, init_std=0.5).eval(), ids()
+    with torch.no_grad():
+        full = m(tokens).logits[:, -1]
+        prompt = m(tokens[:, :-1], use_cache=True)
+        step = m(tokens[:, -1:], attention_mask=torch.ones_like(tokens), use_cache=True,
+                 **{CACHE_KEY: getattr(prompt, CACHE_KEY)}).logits[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-5)
