@@ -14,28 +14,21 @@ from collections import Counter, defaultdict
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from .metrics import _pair  # the same shape and emptiness checks as GLUE's metrics
+
 SUPERGLUE_SET = ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc")  # averaged
 DIAGNOSTICS = ("axb", "axg")  # reported beside the average, never in it
 
 
-def _check(predictions, references) -> tuple[np.ndarray, np.ndarray]:
-    p, r = np.asarray(predictions).ravel(), np.asarray(references).ravel()
-    if p.shape != r.shape:
-        raise ValueError(f"{p.size} predictions for {r.size} references")
-    if p.size == 0:
-        raise ValueError("no predictions to score")
-    return p, r
-
-
 def accuracy(predictions, references) -> dict:
-    p, r = _check(predictions, references)
+    p, r = _pair(predictions, references)
     acc = 100.0 * accuracy_score(r, p)
     return {"accuracy": acc, "score": acc}
 
 
 def cb_scores(predictions, references) -> dict:
     """CommitmentBank: accuracy and the macro F1 over its three classes, averaged for the score."""
-    p, r = _check(predictions, references)
+    p, r = _pair(predictions, references)
     acc = 100.0 * accuracy_score(r, p)
     macro = 100.0 * f1_score(r, p, labels=[0, 1, 2], average="macro", zero_division=0)
     return {"accuracy": acc, "f1_macro": macro, "score": (acc + macro) / 2}
@@ -44,7 +37,7 @@ def cb_scores(predictions, references) -> dict:
 def multirc_scores(predictions, references, questions) -> dict:
     """MultiRC: F1a, the binary F1 over every answer option, and EM, the share of questions whose every
     answer option is classified right; `questions` gives each option's question (any hashable)."""
-    p, r = _check(predictions, references)
+    p, r = _pair(predictions, references)
     if len(questions) != p.size:
         raise ValueError(f"{len(questions)} question ids for {p.size} answers")
     f1a = 100.0 * f1_score(r, p, pos_label=1, average="binary", zero_division=0)
@@ -87,7 +80,7 @@ def record_scores(predictions: list[str], answers: list[list[str]]) -> dict:
 
 def axb_scores(predictions, references) -> dict:
     """AX-b, the broad-coverage diagnostic: Matthews correlation (0 when a side is constant)."""
-    p, r = _check(predictions, references)
+    p, r = _pair(predictions, references)
     mcc = 100.0 * matthews_corrcoef(r, p)
     return {"matthews": mcc, "score": mcc}
 
@@ -95,7 +88,7 @@ def axb_scores(predictions, references) -> dict:
 def axg_scores(predictions, references, pairs) -> dict:
     """AX-g (Winogender): accuracy, and gender parity, the share of pronoun-swapped pairs (same `pairs` id)
     given the same prediction. The score is the accuracy; parity is beside it."""
-    p, r = _check(predictions, references)
+    p, r = _pair(predictions, references)
     members = defaultdict(list)
     for pair, pred in zip(pairs, p):
         members[pair].append(pred)
