@@ -225,7 +225,7 @@ def components() -> list[tuple]:
         ("arch.ffn", FFNS, (), own_problem), ("arch.activation", ACTIVATIONS, (), None), ("arch.norm", NORMS, (), None),
         ("arch.init", INITS, (), None), ("arch.linear", LINEARS, (), lambda _, c: projections_problem(c)),
         ("arch.layout", BLOCKS, (), own_problem), ("arch.attention.pattern", PATTERNS, (), own_problem),
-        ("arch.objective", OBJECTIVES, (), None), ("data.source", SOURCES, (), own_problem),
+        ("arch.objective", OBJECTIVES, (), own_problem), ("data.source", SOURCES, (), own_problem),
         ("arch.position", POSITIONS, (), own_problem),  # after gmlp and data.seq_length: their messages say more
         ("train.schedule", SCHEDULES, (), schedule), ("train.optim.name", OPTIMIZERS, (), own_problem),
         ("train.nonfinite", NONFINITE, (), None), ("train.averaging", AVERAGING, (), own_problem),

@@ -113,7 +113,10 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_a_real_run_reports_the_energy_of_its_training",
               "test_eval_after_evaluates_the_last_and_the_averaged_weights",
               "test_ddp_averages_what_one_process_averages", "test_a_resumed_run_adds_the_energy_of_the_launch_before",
-              "test_a_rollback_takes_the_average_back_too"}
+              "test_a_rollback_takes_the_average_back_too",
+              # ELECTRA: a resumed pair and the command line
+              "test_resuming_is_bitwise_identical", "test_the_cli_trains_rtd_and_refuses_bad_values",
+              "test_the_preset_pretrains_both_arms_and_fine_tunes_them"}
 
 
 def pytest_collection_modifyitems(items):

@@ -120,6 +120,8 @@ def test_variants_set_what_they_say():
     expect("topk-attention", **{p: {"arch.attention.pattern": [p]} for p in ("topk", "global")})
     expect("structured-linear", **{k: {"arch.linear": k} for k in
                                    ("dense", "lowrank", "kronecker", "monarch", "btt", "btt-moe")})
+    expect("electra", mlm={"arch.objective": "mlm", "eval_after": True},
+           rtd={"arch.objective": "rtd", "eval_after": True, "arch.rtd.generator_scale": 0.25})
     expect("scaling-law", **{f"w{h}": {"arch.hidden_size": h, "arch.ffn_size": 4 * h} for h in (64, 128, 256)})
 
 

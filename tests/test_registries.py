@@ -104,7 +104,7 @@ def test_finetune_schedules_warm_up_then_follow_their_shape(name, expected):
 
 def test_the_objective_names_its_head():
     assert OBJECTIVES["mlm"].head is CrammedForMaskedLM and OBJECTIVES["clm"].head.__name__ == "CrammedForCausalLM"
-    assert {name: CrammedConfig(objective=name).causal for name in OBJECTIVES} == {"mlm": False, "clm": True}
+    assert {name: CrammedConfig(objective=name).causal for name in OBJECTIVES} == {"mlm": False, "clm": True, "rtd": False}
 
 
 def test_a_kernel_refuses_exactly_the_arguments_it_does_not_serve():

@@ -17,7 +17,7 @@ AUTO_MAP = {
 }
 CLASSES = {"CrammedConfig": ".configuration_crammed", "CrammedModel": ".modeling_crammed",
            "CrammedForMaskedLM": ".modeling_crammed", "CrammedForCausalLM": ".modeling_crammed",
-           "CrammedForSequenceClassification": ".modeling_crammed"}
+           "CrammedForSequenceClassification": ".modeling_crammed", "CrammedForReplacedTokenDetection": ".electra"}
 
 
 def __getattr__(name: str):

@@ -32,6 +32,17 @@ class LinearArgs:
 
 
 @dataclass
+class RTDConfig:
+    """objective=rtd (ELECTRA): the generator's size relative to the discriminator, and the detection loss's weight."""
+
+    generator_scale: float = 0.25  # heads (and so width) and FFN of the generator: the discriminator's x this
+    generator_layers: int | None = None  # null = arch.num_layers
+    weight: float = 50.0  # loss = generator MLM loss + weight x detection loss (ELECTRA's lambda)
+
+    RULES: ClassVar[dict] = {"generator_scale": "(0, 1]", "generator_layers": "> 0 or null", "weight": "> 0"}
+
+
+@dataclass
 class ArchConfig:
     num_layers: int = 16
     hidden_size: int = 768
@@ -62,7 +73,8 @@ class ArchConfig:
     linear_args: LinearArgs = field(default_factory=LinearArgs)
     max_seq_length: int = 128
     tie_embeddings: bool = True
-    objective: str = "mlm"  # mlm | clm (causal attention, next-token prediction)
+    objective: str = "mlm"  # mlm | clm (causal attention, next-token prediction) | rtd (ELECTRA, electra.py)
+    rtd: RTDConfig = field(default_factory=RTDConfig)
     head_transform: bool = False
     sparse_prediction: bool = True
     init: str = "normal"  # normal | small | megatron-scaled

@@ -27,7 +27,7 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
     tmp = run_dir / f"{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model = Engine.unwrap(model)
-    model.config.auto_map = dict(AUTO_MAP)
+    model.config.auto_map = {**AUTO_MAP, **getattr(model, "extra_auto_map", {})}  # rtd: AutoModelForPreTraining
     in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
     try:
         for key, portable in PORTABLE_KERNELS.items():

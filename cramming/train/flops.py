@@ -5,8 +5,12 @@ def forward_flops_per_token(model, seq_len: int, predicted_share: float = 1.0) -
     """Forward FLOPs (2 per multiply-add) for one token: each block's own count (its projections, each layer
     counting its structure, and its mixing across positions: attention, or gMLP's spatial gate and aMLP's tiny
     attention), and the output head on the share of tokens it sees (the sparse MLM head: only the masked ones).
-    Training is ~3x this."""
+    Training is ~3x this. objective=rtd (model/electra.py): the detector on every token instead of a vocabulary
+    head, plus the whole generator."""
     c = model.config
     blocks = sum(block.flops_per_token(seq_len) for block in model.encoder.layers)
+    if getattr(model, "generator", None) is not None:
+        detector = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size
+        return int(blocks + detector + forward_flops_per_token(model.generator, seq_len, predicted_share))
     head = 2 * c.hidden_size * c.vocab_size * predicted_share
     return int(blocks + head)

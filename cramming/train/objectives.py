@@ -1,13 +1,15 @@
 """Training objectives by name (`arch.objective`): the head each trains, how a batch of packed token ids becomes
-(inputs, labels), and which logits score which targets. The model computes the loss; this only prepares its
-inputs. The model itself reads the objective once, as `CrammedConfig.causal`."""
+the model's keyword arguments (input_ids, labels and what else the head reads), and which predictions score which
+targets in validation. The model computes the loss; this only prepares its inputs. The model itself reads the
+objective once, as `CrammedConfig.causal`."""
 
 from dataclasses import dataclass
 
 import torch
 
+from ..model.electra import CrammedForReplacedTokenDetection
 from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
-from ..model.registry import Registry
+from ..model.registry import Registry, invalid
 from .masking import mask_tokens
 
 OBJECTIVES = Registry("objective")
@@ -26,15 +28,17 @@ class MaskedLM:
     head = CrammedForMaskedLM  # the pretraining model (a class attribute, not a field)
     scores_masked_only = True  # the sparse head (arch.sparse_prediction) decodes only the masked positions
 
-    def batch(self, ids: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
-                           self.mask_token_share, generator)
+    def batch(self, ids: torch.Tensor, generator) -> dict:
+        inputs, labels = mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
+                                     self.mask_token_share, generator)
+        return {"input_ids": inputs, "labels": labels}
 
     @staticmethod
-    def scored(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(predictions' logits, targets) over the masked positions. The sparse head returns only those rows."""
+    def scored(out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(predicted ids, targets) over the masked positions. The sparse head returns only those rows."""
+        logits, labels = out.logits, inputs["labels"]
         selected = labels != -100
-        return (logits[selected] if logits.dim() == 3 else logits), labels[selected]
+        return (logits[selected] if logits.dim() == 3 else logits).argmax(-1), labels[selected]
 
 
 @OBJECTIVES.register("clm")
@@ -50,12 +54,40 @@ class CausalLM:
     head = CrammedForCausalLM
     scores_masked_only = False
 
-    def batch(self, ids: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return ids, ids
+    def batch(self, ids: torch.Tensor, generator) -> dict:
+        return {"input_ids": ids, "labels": ids}
 
     @staticmethod
-    def scored(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+    def scored(out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return out.logits[:, :-1].argmax(-1).reshape(-1), inputs["labels"][:, 1:].reshape(-1)
+
+
+@OBJECTIVES.register("rtd")
+@dataclass
+class ReplacedTokenDetection(MaskedLM):
+    """ELECTRA (model/electra.py): MLM's masks for the generator, and one uniform per position for sampling its
+    replacements, drawn after the masks from the same positional generator. Validation scores the discriminator:
+    val_accuracy is the share of tokens it classifies right (replaced or original); val_loss is the training loss
+    (generator MLM loss + arch.rtd.weight x detection loss)."""
+
+    head = CrammedForReplacedTokenDetection
+    scores_masked_only = True  # the generator decodes only the masked positions
+
+    def batch(self, ids: torch.Tensor, generator) -> dict:
+        inputs = super().batch(ids, generator)
+        return {**inputs, "replace_draws": torch.rand(ids.shape, generator=generator, device=ids.device)}
+
+    @staticmethod
+    def scored(out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return (out.logits > 0).reshape(-1), out.replaced.reshape(-1)
+
+    @staticmethod
+    def problem(config) -> str | None:
+        """What the generator's narrower copy of the architecture cannot be (config: a PretrainConfig)."""
+        if config.arch.parametrization != "standard":
+            return invalid("arch.parametrization", config.arch.parametrization, "arch.objective=rtd trains a "
+                           "generator of another width, which muP would scale by the discriminator's; use standard")
+        return None
 
 
 def build_objective(name: str, cfg_train, meta: dict, device):

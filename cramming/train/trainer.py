@@ -155,10 +155,10 @@ class Trainer:
             position = state.sequences + rank * self.microbatch  # this rank's first row in the stream
             state.sequences += self.microbatch * world  # rows of the stream: the data position
             step_tokens += batch.numel() * world
-            inputs, labels = self.objective.batch(batch, self.masks.at(position))
+            inputs = self.objective.batch(batch, self.masks.at(position))  # the model's keyword arguments
             with engine.no_sync(self.model, last_microbatch=done + 1 == plan.accumulation):
                 with self.autocast():
-                    loss = self.model(input_ids=inputs, labels=labels).loss / plan.accumulation
+                    loss = self.model(**inputs).loss / plan.accumulation
                 engine.backward(self.model, loss, self.scaler)
             step_loss += loss.detach()
             done += 1

@@ -20,12 +20,12 @@ def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: in
         batch = batch.to(device)
         masked = [objective.batch(ids[None], masks.at(row + i)) for i, ids in enumerate(batch)]
         row += len(batch)
-        inputs, labels = (torch.cat(parts) for parts in zip(*masked))
+        inputs = {key: torch.cat([row[key] for row in masked]) for key in masked[0]}
         with autocast():
-            out = model(input_ids=inputs, labels=labels)
-        logits, targets = objective.scored(out.logits, labels)
+            out = model(**inputs)
+        predicted, targets = objective.scored(out, inputs)
         total_loss += out.loss.float().item() * targets.numel()
-        correct += (logits.argmax(-1) == targets).sum().item()
+        correct += (predicted == targets).sum().item()
         count += targets.numel()
     model.train(was_training)
     return {"val_loss": total_loss / count, "val_accuracy": correct / count, "val_predicted_tokens": count}

@@ -59,9 +59,8 @@ def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: s
 
     def step():
         ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
-        inputs, labels = objective.batch(ids, generator)
         with autocast():
-            loss = step_model(input_ids=inputs, labels=labels).loss
+            loss = step_model(**objective.batch(ids, generator)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
         optimizer.step()

@@ -25,8 +25,7 @@ def probe(arch: str, batch: int, seq: int, vocab: int, loss: str, smoke: bool) -
 
     def step():
         ids = torch.randint(5, vocab, (batch, seq), generator=generator)
-        inputs, labels = ours["objective"].batch(ids, generator)
-        ours["model"](input_ids=inputs, labels=labels).loss.backward()
+        ours["model"](**ours["objective"].batch(ids, generator)).loss.backward()
         ours["opt"].step()
         ours["opt"].zero_grad(set_to_none=True)
 

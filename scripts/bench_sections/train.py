@@ -116,8 +116,7 @@ def train_step(side: dict, batch: torch.Tensor, generator, clip: float, autocast
     if "collator" in side:  # Hugging Face: the collator masks (or copies labels), the model takes its dict
         features = {k: v.to(batch.device) for k, v in side["collator"]([{"input_ids": row} for row in batch.cpu()]).items()}
     else:
-        inputs, labels = side["objective"].batch(batch, generator)
-        features = {"input_ids": inputs, "labels": labels}
+        features = side["objective"].batch(batch, generator)
     with autocast():
         loss = side["step_model"](**features).loss
     loss.backward()

@@ -1,0 +1,114 @@
+"""ELECTRA's replaced-token detection (Clark et al. 2020), `arch.objective=rtd`.
+
+A small masked-LM generator fills the masked positions with tokens sampled from its own predictions; the
+discriminator (this model's `encoder`, the one fine-tuning loads) reads the corrupted sequence and tells, at every
+real token, whether it was replaced. Both train at once on
+    loss = generator MLM loss + arch.rtd.weight x detection loss (binary cross-entropy, mean over real tokens).
+The sampling is not differentiated through (ELECTRA's choice), so the detection loss trains the discriminator only.
+
+The generator is a CrammedForMaskedLM of the same architecture, narrower: arch.rtd.generator_scale of the heads
+(the head width stays, as ELECTRA's generators keep 64-wide heads) and of the FFN, arch.rtd.generator_layers deep.
+It has token embeddings of its own (ELECTRA ties them when the widths match; here they never do).
+
+Sampling draws one uniform per masked position, `replace_draws`, which the objective takes from the mask's
+positional generator (train/objectives.py), so a resumed run and the validation set see the same replacements.
+Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.modeling_outputs import ModelOutput
+
+from .configuration_crammed import CrammedConfig
+from .losses import head_logits
+from .modeling_crammed import CrammedForMaskedLM, CrammedModel, CrammedPreTrainedModel, _Activation
+from .parametrization import mark_hidden
+
+
+def generator_config(config: CrammedConfig) -> CrammedConfig:
+    """The discriminator's config with the generator's sizes and the plain MLM objective."""
+    scale = config.rtd.generator_scale
+    head_dim = config.hidden_size // config.num_heads
+    heads = max(1, round(config.num_heads * scale))
+    hidden = heads * head_dim
+    sizes = {"num_heads": heads, "hidden_size": hidden, "ffn_size": max(1, round(config.ffn_size * hidden /
+                                                                                 config.hidden_size)),
+             "num_layers": config.rtd.generator_layers or config.num_layers, "objective": "mlm"}
+    return CrammedConfig(**{**config.to_dict(), **sizes})
+
+
+@dataclass
+class ReplacedTokenDetectionOutput(ModelOutput):
+    """logits: the discriminator's, one per token (> 0: replaced); replaced: what it should say (with labels)."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    replaced: torch.Tensor | None = None
+    generator_loss: torch.Tensor | None = None
+    detection_loss: torch.Tensor | None = None
+
+
+class CrammedForReplacedTokenDetection(CrammedPreTrainedModel):
+    """Discriminator (`encoder` + `detector`) and generator, trained jointly; see the module docstring."""
+
+    _tied_weights_keys = {"generator.decoder.weight": "generator.encoder.tokens.weight"}
+    # What checkpoint.py adds to config.json's auto_map for this head (AUTO_MAP holds the ones every model has).
+    extra_auto_map = {"AutoModelForPreTraining": "electra.CrammedForReplacedTokenDetection"}
+
+    def __init__(self, config: CrammedConfig):
+        if config.objective != "rtd":
+            raise ValueError(f"this checkpoint was trained with objective {config.objective!r}, not rtd: it has no "
+                             "discriminator head; load it with AutoModelForMaskedLM")
+        super().__init__(config)
+        self.encoder = CrammedModel(config)
+        self.detector = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias),
+                                      _Activation(config.activation), nn.Linear(config.hidden_size, 1))
+        mark_hidden(self.detector[0])
+        self.generator = CrammedForMaskedLM(generator_config(config))
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, replace_draws=None, return_dict=None,
+                **unused) -> ReplacedTokenDetectionOutput:
+        """labels: MLM labels (the original ids at the masked positions, -100 elsewhere); without them, the
+        discriminator's logits on input_ids as they are. replace_draws: uniforms shaped like input_ids, read at the
+        masked positions (None: drawn from torch's generator)."""
+        if labels is None:
+            return ReplacedTokenDetectionOutput(logits=self.discriminate(input_ids, attention_mask))
+        generator_loss, sampled, selected = self.generate_replacements(input_ids, attention_mask, labels,
+                                                                       replace_draws)
+        corrupted = input_ids.reshape(-1).masked_scatter(selected, sampled).reshape(input_ids.shape)
+        replaced = corrupted != torch.where(labels == -100, input_ids, labels)
+        logits = self.discriminate(corrupted, attention_mask)
+        per_token = F.binary_cross_entropy_with_logits(logits.float(), replaced.float(), reduction="none")
+        real = attention_mask.bool() if attention_mask is not None else torch.ones_like(replaced)
+        detection_loss = per_token[real].mean()
+        loss = generator_loss + self.config.rtd.weight * detection_loss
+        return ReplacedTokenDetectionOutput(loss=loss, logits=logits, replaced=replaced,
+                                            generator_loss=generator_loss.detach(),
+                                            detection_loss=detection_loss.detach())
+
+    def discriminate(self, input_ids, attention_mask) -> torch.Tensor:
+        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+        return self.detector(hidden).squeeze(-1)
+
+    def generate_replacements(self, input_ids, attention_mask, labels, replace_draws):
+        """(generator MLM loss, a sampled token per masked position in row-major order, the flat masked mask)."""
+        generator = self.generator
+        hidden = generator.encoder(input_ids, attention_mask).last_hidden_state
+        selected = labels.reshape(-1) != -100
+        rows = generator.transform(hidden.reshape(-1, hidden.shape[-1])[selected])
+        logits = head_logits(rows, generator.decoder, generator.config.logit_softcap, generator.logit_multiplier)
+        loss = F.cross_entropy(logits.float(), labels.reshape(-1)[selected])
+        with torch.no_grad():  # inverse-CDF sampling: one uniform per masked position
+            draws = (torch.rand(selected.shape, device=input_ids.device) if replace_draws is None
+                     else replace_draws.reshape(-1))[selected]
+            cdf = torch.softmax(logits.float(), dim=-1).cumsum(-1)
+            sampled = torch.searchsorted(cdf, draws[:, None].to(cdf.dtype)).squeeze(-1)
+            sampled = sampled.clamp_(max=logits.shape[-1] - 1).to(input_ids.dtype)
+        return loss, sampled, selected
+
+
+CrammedForReplacedTokenDetection.register_for_auto_class("AutoModelForPreTraining")
