@@ -61,6 +61,8 @@ NONDEFAULT = {
     "attention_dropout": (0.3, []),
     "logit_softcap": (15.0, []), "zero_init_out": (True, []), "value_embeddings": (1, []), "unet_skips": (True, []),
     "parametrization": ("mup", []), "mup_base_width": (32, []),
+    "rtd.generator_scale": (0.5, ["arch.objective=rtd"]), "rtd.generator_layers": (1, ["arch.objective=rtd"]),
+    "rtd.weight": (10.0, ["arch.objective=rtd"]),
 }
 
 
