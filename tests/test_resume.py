@@ -273,21 +273,28 @@ def test_a_torn_last_metrics_line_does_not_block_resuming(tmp_path):
         pretraining.carry_metrics(run / "checkpoints" / "step-00000002", run, 2)
 
 
+def whole_and_resumed(run: list[str], sigterm_at, tmp_path, stop_at: int = 2) -> tuple[dict, dict]:
+    """The summaries of `run` uninterrupted (tmp_path/whole) and stopped by SIGTERM at step stop_at then resumed
+    (tmp_path/stopped)."""
+    whole = pretraining.pretrain(config_for(*run), tmp_path / "whole")
+    sigterm_at.append(stop_at)
+    with pytest.raises(RunStopped):
+        pretraining.pretrain(config_for(*run), tmp_path / "stopped")
+    sigterm_at.clear()
+    resumed = pretraining.pretrain(config_for(*run), tmp_path / "stopped")
+    assert resumed["resumed_from"].endswith(f"step-{stop_at:08d}")
+    return whole, resumed
+
+
 @pytest.mark.parametrize("averaging", [["train.averaging=ema", "train.ema_decay=0.7"],
                                        ["train.averaging=lawa", "train.lawa_k=5", "train.lawa_every_fraction=0.3"]])
 def test_resuming_gives_the_same_averaged_weights_bitwise(sigterm_at, tmp_path, averaging):
     """Stopped at step 2 of 6 and resumed: the averaging state comes back exactly, so the averaged checkpoint is
     the uninterrupted run's, bit for bit (LAWA's snapshots are steps 2, 4 and 6: one before the stop, and
     step 3 takes none only if the resumed run knows step 2 took one)."""
-    run = [*NAN_RUN, "train.checkpoint_every_minutes=null", *averaging]
     kind = averaging[0].split("=")[1]
-    whole = pretraining.pretrain(config_for(*run), tmp_path / "whole")
-    sigterm_at.append(2)
-    with pytest.raises(RunStopped):
-        pretraining.pretrain(config_for(*run), tmp_path / "stopped")
-    sigterm_at.clear()
-    resumed = pretraining.pretrain(config_for(*run), tmp_path / "stopped")
-    assert resumed["resumed_from"].endswith("step-00000002")
+    whole, resumed = whole_and_resumed([*NAN_RUN, "train.checkpoint_every_minutes=null", *averaging], sigterm_at,
+                                       tmp_path)
     for folder in (f"final-{kind}", "checkpoint"):
         want, got = (load_file(tmp_path / run_dir / folder / "model.safetensors") for run_dir in ("whole", "stopped"))
         assert all(torch.equal(got[k], want[k]) for k in want), f"{folder} differs after resuming"
