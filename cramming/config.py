@@ -259,6 +259,8 @@ def across_sections(c: PretrainConfig):
     from .engines import settings_problem
     from .impl import compile_problem
     from .model.speedrun import problem as speedrun_problem
+    from .model.token_dropping import problem as token_dropping_problem
+    from .train.objectives import OBJECTIVES
     from .train.schedule import window_schedule_problem
 
     a, t = c.arch, c.train
@@ -278,6 +280,7 @@ def across_sections(c: PretrainConfig):
     yield settings_problem(c)
     yield compile_problem(c)
     yield speedrun_problem(c)  # the speedrun's blocks (model/speedrun.py)
+    yield token_dropping_problem(c, getattr(OBJECTIVES.get(a.objective), "head", None))
     if t.window_schedule:
         yield window_schedule_problem(c)
 

@@ -63,6 +63,8 @@ NONDEFAULT = {
     "parametrization": ("mup", []), "mup_base_width": (32, []),
     "rtd.generator_scale": (0.5, ["arch.objective=rtd"]), "rtd.generator_layers": (1, ["arch.objective=rtd"]),
     "rtd.weight": (10.0, ["arch.objective=rtd"]),
+    "token_dropping.keep": (0.5, ["arch.num_layers=3"]), "token_dropping.decay": (0.9, []),
+    "token_dropping.layers": ([1, 3], ["arch.num_layers=4", "arch.token_dropping.keep=0.5"]),
 }
 
 
@@ -88,7 +90,7 @@ def test_every_arch_key_is_listed():
 @pytest.mark.parametrize("key", sorted(NONDEFAULT))
 def test_every_arch_key_reaches_the_model(key):
     value, companions = NONDEFAULT[key]
-    text = f"[{','.join(value)}]" if isinstance(value, list) else str(value).lower()
+    text = f"[{','.join(map(str, value))}]" if isinstance(value, list) else str(value).lower()
     default = ArchConfig()
     for part in key.split("."):
         default = getattr(default, part)

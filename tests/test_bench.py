@@ -30,9 +30,10 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
     data = json.loads((tmp_path / "out" / "bench.json").read_text(encoding="utf-8"))
     assert data["smoke"] is True and {"cpu", "torch", "transformers", "date"} <= data["machine"].keys()
     sections = data["sections"]
-    assert list(sections) == ["train", "data", "quality", "finetune", "gpu", "generate"]
+    assert list(sections) == ["train", "data", "quality", "finetune", "gpu", "generate", "token-dropping"]
     assert all(s["status"] in ("ok", "smoke-cpu") for s in sections.values()), {k: s.get("error") for k, s in sections.items()}
-    assert {t["section"] for t in data["targets"]} == {"train", "data", "quality", "finetune", "gpu", "generate"}
+    assert {t["section"] for t in data["targets"]} == {"train", "data", "quality", "finetune", "gpu", "generate",
+                                                        "token-dropping"}
     for t in data["targets"]:
         assert isinstance(t["value"], float) and t["value"] > 0, t
         assert t["status"] in {"PASS", "FAIL", "INFO"}, t
@@ -51,6 +52,10 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
     assert text == f"{BEFORE}<!-- bench:begin -->\n{block}\n<!-- bench:end -->{AFTER}"
     assert block.startswith("**Smoke run") and "### Targets" in block and "### 5. GPU" in block
     assert "### 6. Generation with the KV cache" in block
+    dropping = sections["token-dropping"]  # both sides trained, timed in turn
+    assert dropping["keep"] == 0.5 and dropping["predicted"] > 1
+    assert all(r["speedup"] > 0 for r in dropping["results"].values())
+    assert "### 7. Token dropping" in block
     assert "wrote the bench block" in result.stdout
 
 

@@ -123,6 +123,8 @@ def test_variants_set_what_they_say():
     expect("electra", mlm={"arch.objective": "mlm", "eval_after": True},
            rtd={"arch.objective": "rtd", "eval_after": True, "arch.rtd.generator_scale": 0.25})
     expect("scaling-law", **{f"w{h}": {"arch.hidden_size": h, "arch.ffn_size": 4 * h} for h in (64, 128, 256)})
+    expect("token-dropping", full={"arch.token_dropping.keep": None, "arch.num_layers": 8},
+           keep50={"arch.token_dropping.keep": 0.5, "arch.num_layers": 8})
 
 
 def test_scaling_law_is_a_grid():
@@ -172,6 +174,23 @@ def test_multirun_dryrun_launches_every_job(tmp_path):
                                                                          "3_rpe-nocache"]
     overrides = OmegaConf.load(tmp_path / "3_rpe-nocache" / ".hydra" / "overrides.yaml")
     assert "experiment/positions@_global_=rpe-nocache" in overrides
+
+
+def test_token_dropping_trains_at_smoke_scale(tmp_path):
+    """Both jobs take a step; the dropping one counts fewer FLOPs per token and its checkpoint carries the moved
+    importance averages."""
+    from safetensors.torch import load_file
+
+    result = run_multirun("+experiment=token-dropping", *SMOKE, f"hydra.sweep.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = {job.name: json.loads((job / "checkpoint" / "train_summary.json").read_text())
+                 for job in tmp_path.iterdir() if job.is_dir()}
+    assert set(summaries) == {"0_full", "1_keep50"}
+    assert [summaries[j]["config"]["arch"]["token_dropping"]["keep"] for j in ("0_full", "1_keep50")] == [None, 0.5]
+    assert all(s["steps"] == 1 and s["val_loss"] > 0 for s in summaries.values())
+    assert summaries["1_keep50"]["flops_per_token"] < summaries["0_full"]["flops_per_token"]
+    weights = {job: load_file(tmp_path / job / "checkpoint" / "model.safetensors") for job in summaries}
+    assert "token_importance.loss" in weights["1_keep50"] and "token_importance.loss" not in weights["0_full"]
 
 
 def test_a_preset_trains_at_smoke_scale(tmp_path):

@@ -43,6 +43,18 @@ class RTDConfig:
 
 
 @dataclass
+class TokenDroppingConfig:
+    """Token dropping (Hou et al. 2022, model/token_dropping.py): in MLM pretraining the middle layers see only the
+    sequence's most important tokens; the others skip them and rejoin for the last layers."""
+
+    keep: float | None = None  # share of each sequence's tokens the dropping layers see; null or 1.0 = off
+    layers: list[int] | None = None  # [first, last): the layers that see only the kept tokens; null = [L // 2, L - 1)
+    decay: float = 0.995  # the per-token-id running MLM loss: avg <- decay * avg + (1 - decay) * loss
+
+    RULES: ClassVar[dict] = {"keep": "(0, 1] or null", "decay": "[0, 1)"}
+
+
+@dataclass
 class ArchConfig:
     num_layers: int = 16
     hidden_size: int = 768
@@ -87,6 +99,7 @@ class ArchConfig:
     unet_skips: bool = False  # first half's block outputs added to the mirrored second half's inputs
     parametrization: str = "standard"  # standard | mup: how init, lr, logits and attention scale with width
     mup_base_width: int = 128  # mup: the hidden_size at which muP equals the standard parametrization
+    token_dropping: TokenDroppingConfig = field(default_factory=TokenDroppingConfig)
 
     # What each plain option accepts (cramming/rules.py); named components are checked by their registries.
     RULES: ClassVar[dict] = {

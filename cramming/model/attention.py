@@ -173,10 +173,12 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, cache: LayerCache | None = None,
-                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+                value_embedding: torch.Tensor | None = None, positions=None) -> torch.Tensor:
         """bias: an additive score bias shared by the layers (the T5 relative-position bias), or None.
         cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones).
-        value_embedding: this layer's (batch, seq, hidden) value embedding (value_embeddings.py), or None."""
+        value_embedding: this layer's (batch, seq, hidden) value embedding (value_embeddings.py), or None.
+        positions: where x's rows sit in the whole sequence when they are a subset of it (rotary.Positions: token
+        dropping), or None for rows 0 .. seq - 1; only rotary reads them."""
         batch, seq_len, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
@@ -189,7 +191,7 @@ class SelfAttention(nn.Module):
             y = self.attend_with_cache(q, k, v, key_padding_mask, bias, cache, dropout_p)
         else:
             if self.rotary is not None:
-                q, k = self.rotary(q, k)
+                q, k = self.rotary(q, k, positions=positions)
             y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
                             dropout_p=dropout_p, bias=bias, **self.pattern_args, **self.scale)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))

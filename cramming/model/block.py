@@ -29,6 +29,7 @@ def cache_refusal(config) -> str | None:
 @BLOCKS.register("attention")
 class TransformerBlock(nn.Module):
     kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
+    token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
 
     def __init__(self, config, index: int = 0):
         super().__init__()
@@ -46,9 +47,10 @@ class TransformerBlock(nn.Module):
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, bias=None,
-                cache=None, value_embedding=None) -> torch.Tensor:
+                cache=None, value_embedding=None, positions=None) -> torch.Tensor:
+        """positions: the rows' positions in the sequence when x holds a subset of its tokens (rotary.Positions)."""
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias, cache, value_embedding))
+            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias, cache, value_embedding, positions))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias, cache, value_embedding)))
+        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias, cache, value_embedding, positions)))
         return self.norm2(x + self.dropout(self.ffn(x)))

@@ -36,7 +36,8 @@ def generator_config(config: CrammedConfig) -> CrammedConfig:
     hidden = heads * head_dim
     sizes = {"num_heads": heads, "hidden_size": hidden, "ffn_size": max(1, round(config.ffn_size * hidden /
                                                                                  config.hidden_size)),
-             "num_layers": config.rtd.generator_layers or config.num_layers, "objective": "mlm"}
+             "num_layers": config.rtd.generator_layers or config.num_layers, "objective": "mlm",
+             "token_dropping": {"keep": None}}  # the generator runs whole (arch.token_dropping refuses rtd anyway)
     return CrammedConfig(**{**config.to_dict(), **sizes})
 
 

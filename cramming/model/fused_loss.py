@@ -15,7 +15,9 @@ CHUNK_ELEMENTS = 2**23  # logits per chunk: 32 MB in fp32, 256 rows of a 32k voc
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """mean over rows with target != -100 of cross_entropy(soft_cap(hidden @ weight.T + bias, softcap), target)."""
+    """mean over rows with target != -100 of cross_entropy(soft_cap(hidden @ weight.T + bias, softcap), target),
+    and each row's own cross-entropy (0 where the target is -100; no gradient), which token dropping's importance
+    averages read (token_dropping.py): a by-product of the chunks, one float per row."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, softcap=None):
@@ -30,6 +32,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             count = valid.sum()
             scale = 1.0 / count.clamp(min=1).to(torch.float32)
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            row_losses = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
             grad_hidden = torch.empty_like(hidden)
             written = plain and h.shape[0] > 0  # the first chunk's matmul writes every element
             grad_weight = (torch.empty_like if written else torch.zeros_like)(weight, dtype=torch.float32)
@@ -53,7 +56,9 @@ class LinearCrossEntropy(torch.autograd.Function):
                     slope.neg_().add_(1.0)  # d capped / d logits
                     logits.mul_(softcap)
                 lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-                total += ((lse.squeeze(1) - logits.gather(1, target).squeeze(1)) * keep).sum()
+                row_loss = (lse.squeeze(1) - logits.gather(1, target).squeeze(1)) * keep
+                total += row_loss.sum()
+                row_losses[start:start + rows] = row_loss
                 # d(mean loss)/d(logits) = (softmax - one_hot) / count on kept rows, zero on ignored ones
                 grad = logits.sub_(lse).exp_()
                 grad.scatter_add_(1, target, -keep[:, None].float())
@@ -75,18 +80,20 @@ class LinearCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.has_bias = bias is not None
         ctx.weight_dtype = weight.dtype
-        return total * scale
+        ctx.mark_non_differentiable(row_losses)
+        return total * scale, row_losses
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, _grad_row_losses):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype)
         grad_bias = (grad_bias * grad_loss).to(ctx.weight_dtype) if ctx.has_bias else None
         return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight, grad_bias, None, None
 
 
-def linear_cross_entropy(hidden, weight, bias, targets, softcap=None):
+def linear_cross_entropy(hidden, weight, bias, targets, softcap=None, token_losses: bool = False):
     """The loss of `nn.Linear(weight, bias)`, soft-capped at `softcap` (None: off), followed by
-    `F.cross_entropy(ignore_index=-100)`, fused."""
-    return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
-                                    softcap)
+    `F.cross_entropy(ignore_index=-100)`, fused; with token_losses, (that loss, each row's loss)."""
+    loss, rows = LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
+                                          softcap)
+    return (loss, rows) if token_losses else loss

@@ -2,7 +2,8 @@
 
 Both give the same loss; they differ in memory. `plain` projects the hidden states to full logits and takes their
 cross-entropy; `fused` never materialises the logits while training (fused_loss.py), and falls back to `plain`
-in evaluation, which wants the logits themselves.
+in evaluation, which wants the logits themselves. `per_token` also returns each row's loss (detached), from the
+same pass: what token dropping's importance averages are updated from (token_dropping.py).
 """
 
 import torch
@@ -32,14 +33,33 @@ class PlainLoss:
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
         return loss, logits
 
+    def per_token(self, hidden, decoder, targets, training, softcap=None, multiplier=1.0):
+        """(mean loss, logits, each row's loss: 0 where the target is -100, detached)."""
+        logits = head_logits(hidden, decoder, softcap, multiplier)
+        targets = targets.reshape(-1)
+        rows = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, ignore_index=-100,
+                               reduction="none")
+        loss = rows.sum() / (targets != -100).sum().clamp(min=1)
+        return loss, logits, rows.detach()
+
 
 @LOSSES.register_one("fused")
 class FusedLoss(PlainLoss):
     def __call__(self, hidden, decoder, targets, training, softcap=None, multiplier=1.0):
         if not training:
             return super().__call__(hidden, decoder, targets, training, softcap, multiplier)
+        return self.fused(hidden, decoder, targets, softcap, multiplier, False), None
+
+    def per_token(self, hidden, decoder, targets, training, softcap=None, multiplier=1.0):
+        if not training:
+            return super().per_token(hidden, decoder, targets, training, softcap, multiplier)
+        loss, rows = self.fused(hidden, decoder, targets, softcap, multiplier, True)
+        return loss, None, rows
+
+    @staticmethod
+    def fused(hidden, decoder, targets, softcap, multiplier, token_losses):
         # no logits, ever in full; m (h W^T + b) = (m h) W^T + m b: the multiplier scales the rows, not the weight
         bias = decoder.bias
         if multiplier != 1.0:
             hidden, bias = hidden * multiplier, None if bias is None else bias * multiplier
-        return linear_cross_entropy(hidden, decoder.weight, bias, targets, softcap), None
+        return linear_cross_entropy(hidden, decoder.weight, bias, targets, softcap, token_losses)

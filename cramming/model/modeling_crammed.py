@@ -24,6 +24,8 @@ from .losses import LOSSES, head_logits
 from .norms import ScaleNorm, build_norm
 from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
+from .rotary import Positions
+from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
 
@@ -59,7 +61,7 @@ class CrammedPreTrainedModel(PreTrainedModel):
         elif isinstance(module, GMLPBlock):  # the spatial gate starts as the identity on u
             init.zeros_(module.spatial)
             init.ones_(module.spatial_bias)
-        elif hasattr(module, "init_weights_"):  # the speedrun's mixing weights (value_embeddings.py, unet.py)
+        elif hasattr(module, "init_weights_"):  # the speedrun's mixing weights, token dropping's importance
             module.init_weights_(init)
         elif isinstance(module, ScaleNorm):
             init.constant_(module.scale, module.dim**0.5)
@@ -104,9 +106,12 @@ class CrammedModel(CrammedPreTrainedModel):
     def set_input_embeddings(self, value):
         self.tokens = value
 
-    def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, **unused) -> BaseModelOutput:
+    def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, keep=None,
+                **unused) -> BaseModelOutput:
         """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
-        after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too."""
+        after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too.
+        keep: the (batch, k) positions the token-dropping layers see alone (token_dropping.py); the other tokens
+        skip those layers unchanged. None: every layer sees every token."""
         seq_len = input_ids.shape[1]
         past = 0 if cache is None else self.cache_length(cache, attention_mask, seq_len)
         x = self.tokens(input_ids)
@@ -121,6 +126,7 @@ class CrammedModel(CrammedPreTrainedModel):
         shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe_cache else None
         values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
         outputs = []  # each block's output, for the U-net skips
+        dropping = dropping_layers(self.config) if keep is not None else None
         for i, layer in enumerate(self.layers):
             bias = shared_bias if self.rpe is None or self.config.rpe_cache else self.rpe(seq_len, past)
             if self.unet is not None:
@@ -128,7 +134,15 @@ class CrammedModel(CrammedPreTrainedModel):
             extra = {"value_embedding": values[i]} if i in values else {}
             if cache is not None:
                 extra["cache"] = LayerCache(cache, i, past)
+            if dropping is not None and i == dropping.start:  # the dropped tokens wait here, as they are, until the dropping layers end
+                whole, whole_mask = x, key_padding_mask
+                x = gather_tokens(x, keep)
+                key_padding_mask = None if whole_mask is None else gather_tokens(whole_mask, keep)
+            if dropping is not None and i in dropping:
+                extra["positions"] = Positions(keep, seq_len)
             x = layer(x, key_padding_mask, bias, **extra)
+            if dropping is not None and i == dropping.stop - 1:
+                x, key_padding_mask = scatter_tokens(whole, keep, x), whole_mask
             outputs.append(x)
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
 
@@ -152,10 +166,13 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     """
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
+    drops_tokens = True  # arch.token_dropping: its training forward chooses the tokens the middle layers see
 
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
         self.encoder = CrammedModel(config)
+        # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (token_dropping.py)
+        self.token_importance = TokenImportance(config) if dropping_layers(config) is not None else None
         if config.head_transform:  # the original BERT head: dense -> act -> norm before the decoder
             self.transform = nn.Sequential(
                 nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias),
@@ -175,7 +192,11 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
         self.decoder = value
 
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> MaskedLMOutput:
-        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+        """With arch.token_dropping, a training forward with labels drops tokens from the middle layers and moves
+        the importance averages by its per-token losses; every other forward sees the whole sequence."""
+        dropping = self.token_importance is not None and self.training and labels is not None
+        keep = self.token_importance.choose(input_ids, attention_mask) if dropping else None
+        hidden = self.encoder(input_ids, attention_mask, keep=keep).last_hidden_state
         if labels is None:
             return MaskedLMOutput(logits=head_logits(self.transform(hidden), self.decoder, self.config.logit_softcap,
                                                      self.logit_multiplier))
@@ -184,9 +205,14 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
             selected = labels != -100
             hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
             labels = labels[selected]
-        loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(self.transform(hidden), self.decoder, labels,
-                                                                     self.training, self.config.logit_softcap,
-                                                                     self.logit_multiplier)
+        loss_fn = LOSSES.get_or_explain(self.config.loss_impl)
+        head = (self.transform(hidden), self.decoder, labels, self.training, self.config.logit_softcap,
+                self.logit_multiplier)
+        if not dropping:
+            loss, logits = loss_fn(*head)
+        else:
+            loss, logits, token_losses = loss_fn.per_token(*head)
+            self.token_importance.update(labels, token_losses)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 

@@ -15,6 +15,7 @@ class Global:
 
     kernel_note = None  # why a kernel lacking this pattern's arguments cannot compute it, where not obvious
     windowed = False  # its mask depends on arch.attention.window (train.window_schedule changes it)
+    token_subsets = True  # its mask holds on a subset of the tokens (arch.token_dropping): it reads no positions
 
     def kernel_args(self, config) -> dict:
         """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
@@ -37,6 +38,7 @@ class Local(Global):
     """A sliding window: keys within arch.attention.window positions of the query (ModernBERT's local layers)."""
 
     windowed = True
+    token_subsets = False
 
     def kernel_args(self, config) -> dict:
         return {"window": config.attention.window}
@@ -57,6 +59,7 @@ class Stepped(Global):
     """Fixed blocks of arch.attention.window tokens; a query sees its own block and the one before."""
 
     windowed = True
+    token_subsets = False
 
     def kernel_args(self, config) -> dict:
         return {"stepped": config.attention.window}

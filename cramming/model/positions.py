@@ -75,6 +75,9 @@ class PositionScheme:
     table = None  # the nn.Module class of a table added to the token embeddings (max_seq_length rows)
     alibi = False  # the attention kernels add ALiBi's distance bias themselves (masks.py)
     kernel_arg = None  # the attention kernels' argument this scheme needs (attention.FEATURES): alibi, bias
+    # its positions travel with the tokens, so layers may see a subset of them (arch.token_dropping): a table added
+    # at the embedding, or rotary turned by each kept token's own position; not a bias over (seq x seq) distances
+    token_subsets = True
 
     def embedding(self, config) -> nn.Module:
         """What the embeddings add; a module that adds nothing when the scheme has no table."""
@@ -121,11 +124,13 @@ class ScaledSinusoidal(PositionScheme):
 class ALiBi(PositionScheme):
     alibi = True
     kernel_arg = "alibi"
+    token_subsets = False
 
 
 @POSITIONS.register_one("rpe")
 class T5RelativeBias(PositionScheme):
     kernel_arg = "bias"
+    token_subsets = False
 
     def score_bias(self, config) -> nn.Module:
         return RelativePositionBias(config)

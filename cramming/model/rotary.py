@@ -7,6 +7,8 @@ in the GPT-J interleaved layout. `apply_rotary_torch` is the definition; crammin
 Triton version under the name "triton" (`impl.rotary`).
 """
 
+from typing import NamedTuple
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -86,6 +88,13 @@ def apply_rotary_torch(x, cos, sin, position_ids=None, rotary_pct=1.0, interleav
     return torch.cat((rot.to(x.dtype), rest), dim=-1)
 
 
+class Positions(NamedTuple):
+    """Where the rows of q and k sit when they are a subset of a sequence's tokens (token dropping)."""
+
+    ids: torch.Tensor  # (batch, rows) positions in the sequence
+    seq_len: int  # the whole sequence's length: the table must reach its last position
+
+
 class Rotation:
     """Rotates one attention block's queries and keys (arch.position=rotary) with the kernel impl.rotary names."""
 
@@ -94,10 +103,16 @@ class Rotation:
         self.pct, self.base, self.interleaved = config.rotary_pct, config.rotary_base, config.rotary_interleaved
         self.max_seq_length = config.max_seq_length
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0,
+                 positions: Positions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """offset: the absolute position of the first token (tokens already in a KV cache). Generation asks for
-        the table of max_seq_length positions and slices it, so the growing prefix reuses one cached table."""
+        the table of max_seq_length positions and slices it, so the growing prefix reuses one cached table.
+        positions: each row's own position, when the rows are a subset of the sequence (token dropping)."""
         rotary_dim = int(q.shape[-1] * self.pct) // 2 * 2
+        if positions is not None:
+            cos, sin = rotary_cos_sin(positions.seq_len, rotary_dim, self.base, q.device, torch.float32)
+            return (self.kernel(q, cos, sin, positions.ids, self.pct, self.interleaved),
+                    self.kernel(k, cos, sin, positions.ids, self.pct, self.interleaved))
         if offset:
             cos, sin = rotary_cos_sin(max(self.max_seq_length, offset + q.shape[2]), rotary_dim, self.base, q.device,
                                       torch.float32)

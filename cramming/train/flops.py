@@ -1,14 +1,20 @@
 """FLOPs per token, counted from the model that was built, so structured linear layers count their own."""
 
+from ..model.token_dropping import dropping_layers, kept_count
+
 
 def forward_flops_per_token(model, seq_len: int, predicted_share: float = 1.0) -> int:
     """Forward FLOPs (2 per multiply-add) for one token: each block's own count (its projections, each layer
     counting its structure, and its mixing across positions: attention, or gMLP's spatial gate and aMLP's tiny
     attention), and the output head on the share of tokens it sees (the sparse MLM head: only the masked ones).
-    Training is ~3x this. objective=rtd (model/electra.py): the detector on every token instead of a vocabulary
-    head, plus the whole generator."""
+    With arch.token_dropping the dropping layers count at the k tokens they see: k / seq_len of the tokens, each
+    attending to k keys. Training is ~3x this. objective=rtd (model/electra.py): the detector on every token
+    instead of a vocabulary head, plus the whole generator."""
     c = model.config
-    blocks = sum(block.flops_per_token(seq_len) for block in model.encoder.layers)
+    dropping = dropping_layers(c) or range(0)
+    k = kept_count(c.token_dropping.keep, seq_len) if dropping else seq_len
+    blocks = sum(block.flops_per_token(k) * k / seq_len if i in dropping else block.flops_per_token(seq_len)
+                 for i, block in enumerate(model.encoder.layers))
     if getattr(model, "generator", None) is not None:
         detector = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size
         return int(blocks + detector + forward_flops_per_token(model.generator, seq_len, predicted_share))

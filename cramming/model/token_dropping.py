@@ -1,0 +1,134 @@
+"""Token dropping (Hou et al., "Token Dropping for Efficient BERT Pretraining", ACL 2022), `arch.token_dropping`.
+
+In MLM pretraining the layers arch.token_dropping.layers = [first, last) process only k = round(keep * seq_len)
+tokens of each sequence, the most important ones; the others skip those layers (their hidden state from layer
+first - 1 is carried around) and rejoin before layer `last`, so the last layers and the MLM loss see every token.
+k is fixed per sequence length: shapes stay static for torch.compile and CUDA graphs.
+
+Importance is the paper's cumulative-loss criterion: a running average of the MLM loss per vocabulary id
+(`TokenImportance.loss`, a model buffer, so checkpoints and exact resume carry it), updated from every training
+forward's per-masked-token losses; the tokens whose id has the lowest average are dropped. [CLS], [SEP] and [MASK]
+are always kept, [PAD] (and any position the attention mask hides) is dropped first. Every id starts at ln(vocab),
+the loss of a uniform prediction, which is about where an untrained model's loss is: the averages of ids seen
+fall from there as the model learns, so ids not seen yet rank as important and are kept.
+
+Only CrammedForMaskedLM drops, and only in training mode with labels: validation, fine-tuning and inference
+always run the whole sequence. Unlike the TF reference, the layer before the dropping ones is a plain layer (no
+cross-attention of the kept tokens to the dropped ones), and ids seen more than once in a forward move by the mean
+of their losses (the reference keeps an arbitrary one).
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from .registry import invalid
+
+
+def dropping_layers(config) -> range | None:
+    """The layers that see only the kept tokens (config: a CrammedConfig or ArchConfig), or None when off."""
+    drop = config.token_dropping
+    if drop.keep is None or drop.keep >= 1.0:
+        return None
+    first, last = drop.layers if drop.layers is not None else (config.num_layers // 2, config.num_layers - 1)
+    return range(first, last)
+
+
+def kept_count(keep: float, seq_len: int) -> int:
+    """k: the tokens per sequence the dropping layers see, at least one."""
+    return min(seq_len, max(1, round(keep * seq_len)))
+
+
+class TokenImportance(nn.Module):
+    """The per-id running MLM loss and what CrammedForMaskedLM asks of it: which positions to keep, and the update
+    from each training forward's per-token losses."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.keep, self.decay = config.token_dropping.keep, config.token_dropping.decay
+        self.always = (config.cls_token_id, config.sep_token_id, config.mask_token_id)
+        self.pad = config.pad_token_id
+        self.register_buffer("loss", torch.full((config.vocab_size,), math.log(config.vocab_size)))
+
+    def init_weights_(self, init) -> None:
+        init.constant_(self.loss, math.log(self.loss.shape[0]))
+
+    @torch.no_grad()
+    def choose(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The (batch, k) positions to keep, in order; None when k is the whole sequence."""
+        k = kept_count(self.keep, input_ids.shape[1])
+        if k >= input_ids.shape[1]:
+            return None
+        always = (input_ids == self.always[0]) | (input_ids == self.always[1]) | (input_ids == self.always[2])
+        never = input_ids == self.pad
+        if attention_mask is not None:
+            never = never | (attention_mask == 0)
+        score = self.loss[input_ids].masked_fill(always, math.inf).masked_fill(never, -math.inf)
+        return score.topk(k, dim=1).indices.sort(dim=1).values
+
+    @torch.no_grad()
+    def update(self, targets: torch.Tensor, losses: torch.Tensor) -> None:
+        """Move each id's average toward the mean of its losses in this forward. targets: the true ids (-100: not
+        predicted); losses: the same rows' cross-entropy. A non-finite loss (a step the trainer will skip) is left
+        out, so it cannot poison the averages."""
+        targets, losses = targets.reshape(-1), losses.reshape(-1).float()
+        valid = (targets != -100) & torch.isfinite(losses)
+        ids = torch.where(valid, targets, 0)
+        sums = torch.zeros_like(self.loss).index_add_(0, ids, torch.where(valid, losses, 0.0))
+        counts = torch.zeros_like(self.loss).index_add_(0, ids, valid.float())
+        moved = self.decay * self.loss + (1 - self.decay) * (sums / counts.clamp(min=1))
+        self.loss.copy_(torch.where(counts > 0, moved, self.loss))
+
+
+def gather_tokens(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The kept rows of x (batch, seq, ...) at the (batch, k) positions `keep`."""
+    index = keep.view(*keep.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
+
+
+def scatter_tokens(full: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """`full` with the kept rows replaced by `kept` (out of place: gradients reach both)."""
+    index = keep.view(*keep.shape, 1).expand(-1, -1, full.shape[-1])
+    return full.scatter(1, index, kept.to(full.dtype))
+
+
+def problem(config, head) -> str | None:
+    """What arch.token_dropping refuses (config: a PretrainConfig; head: the objective's pretraining model class,
+    which must drop tokens, `drops_tokens`). The others parts refuse by their registries' `token_subsets`."""
+    from .block import BLOCKS
+    from .patterns import PATTERNS
+    from .positions import POSITIONS
+
+    a = config.arch
+    drop = a.token_dropping
+    if dropping_layers(a) is None:
+        return None
+    key = "arch.token_dropping.keep"
+    if not getattr(head, "drops_tokens", False):
+        return invalid(key, drop.keep, f"drops tokens in MLM pretraining only, not arch.objective={a.objective}; "
+                       "set arch.objective=mlm or arch.token_dropping.keep=null")
+    first, last = (drop.layers if drop.layers is not None and len(drop.layers) == 2
+                   else (a.num_layers // 2, a.num_layers - 1))
+    if drop.layers is not None and (len(drop.layers) != 2 or not 1 <= first < last <= a.num_layers - 1):
+        return invalid("arch.token_dropping.layers", drop.layers,
+                       f"give [first, last) with 1 <= first < last <= arch.num_layers - 1 = {a.num_layers - 1} "
+                       "(the first and last layers always see every token)")
+    if first >= last:
+        return invalid("arch.token_dropping.layers", drop.layers, f"the default [num_layers // 2, num_layers - 1) "
+                       f"is empty at arch.num_layers={a.num_layers}; token dropping needs at least 3 layers")
+    if not POSITIONS[a.position].token_subsets:
+        return invalid(key, drop.keep, f"needs positions that travel with the tokens (learned, sinusoidal, "
+                       f"scaled-sinusoidal, rotary, none), not arch.position={a.position}")
+    if bad := [p for p in a.attention.pattern if not PATTERNS[p].token_subsets]:
+        return invalid(key, drop.keep, f"needs attention patterns whose masks do not follow positions, not "
+                       f"arch.attention.pattern={a.attention.pattern}; use global or topk")
+    if bad := [kind for kind in a.layout if not getattr(BLOCKS[kind], "token_subsets", False)]:
+        return invalid(key, drop.keep, f"the {bad[0]} blocks of arch.layout={a.layout} mix a fixed number of "
+                       "positions; use arch.layout=[attention]")
+    if a.unet_skips:
+        return invalid(key, drop.keep, "cannot run with arch.unet_skips=true (the skips join layers on both sides "
+                       "of the dropping ones); set one of them off")
+    if a.value_embeddings:
+        return invalid(key, drop.keep, f"cannot run with arch.value_embeddings={a.value_embeddings}; set one off")
+    return None

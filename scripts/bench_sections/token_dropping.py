@@ -1,0 +1,103 @@
+"""Section 7: training steps with token dropping (arch.token_dropping.keep=0.5) against the same model without it.
+
+The model is crammed-bert-tiny at the paper's depth, 12 layers (so the default dropping layers [6, 11) are 5 of 12),
+built as pretrain.py builds it (cramming.pretraining.build_model, build_optimizer, the MLM objective's masking,
+impl.loss=auto, torch.compile on GPU), twice from the same seed: once with arch.token_dropping.keep=0.5 and once
+without. Both take full training steps (forward with labels, backward, clip, AdamW) on the same random token
+batches (ids 5..vocab-1), one timed step at a time in turn, after a warm-up step each; the median step counts. The
+figure is the ratio of the medians: how many more tokens per second dropping trains, beside the ratio the FLOPs
+count predicts (cramming.pretraining.flops_per_token, whose dropping layers count at k tokens). On CPU it is
+measured at one torch thread and at the default count, as section 6 is.
+"""
+
+import statistics
+
+import torch
+
+from .common import compose_config, table, target, timed
+from .train import train_step
+
+ARCH = ["arch=crammed-bert-tiny", "arch.num_layers=12"]
+SMOKE_ARCH = ["arch=crammed-bert-tiny", "arch.num_layers=3", "arch.hidden_size=64", "arch.num_heads=2",
+              "arch.ffn_size=128"]
+KEEP = 0.5
+
+
+def build(keep, seq: int, vocab: int, device, smoke: bool) -> dict:
+    """One side, as pretrain.py builds it: model, compiled step model, optimizer, objective, FLOPs per token."""
+    from cramming.data.tokenizer import SPECIAL_IDS
+    from cramming.impl import resolve
+    from cramming.pretraining import build_model, flops_per_token
+    from cramming.train.objectives import build_objective
+    from cramming.train.optim import build_optimizer
+
+    overrides = [*(SMOKE_ARCH if smoke else ARCH), f"data.vocab_size={vocab}", f"data.seq_length={seq}",
+                 f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", f"arch.token_dropping.keep={keep}"]
+    config = compose_config(overrides)
+    runtime = resolve(config.impl, config.arch)
+    torch.manual_seed(0)
+    model = build_model(config.arch, vocab, SPECIAL_IDS, runtime).to(device).train()
+    meta = {"special_ids": SPECIAL_IDS, "vocab_size": vocab}
+    return {"model": model, "step_model": torch.compile(model) if runtime.compile else model,
+            "opt": build_optimizer(model, config.train, device), "flops": flops_per_token(model, config),
+            "objective": build_objective(config.arch.objective, config.train, meta, device),
+            "clip": config.train.grad_clip or float("inf"), "autocast": runtime.autocast(), "config": config}
+
+
+def measure(sides: dict, batch: int, seq: int, vocab: int, rounds: int, device) -> dict:
+    """Median step seconds of each side, the steps taking turns on the same batches after a warm-up step."""
+    generator = torch.Generator(device=device)
+    times = {name: [] for name in sides}
+
+    def step(side, index):
+        generator.manual_seed(1000 + index)
+        ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
+        return timed(lambda: train_step(side, ids, generator, side["clip"], side["autocast"]), device)
+
+    for side in sides.values():
+        step(side, -1)
+    for r in range(rounds):
+        for name, side in sides.items():
+            times[name].append(step(side, r))
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    return {"step_s": medians, "times": times, "speedup": medians["full"] / medians["dropping"]}
+
+
+def run(args, device) -> dict:
+    batch, seq, vocab, rounds = (2, 32, 512, 1) if args.smoke else (16, 128, args.vocab, args.train_rounds)
+    sides = {"dropping": build(KEEP, seq, vocab, device, args.smoke), "full": build("null", seq, vocab, device,
+                                                                                      args.smoke)}
+    predicted = sides["full"]["flops"] / sides["dropping"]["flops"]
+    from cramming.model.token_dropping import dropping_layers
+
+    arch = sides["dropping"]["config"].arch
+    layers, dropping = arch.num_layers, dropping_layers(arch)
+    default_threads = torch.get_num_threads()
+    thread_counts = sorted({1, default_threads}) if device.type == "cpu" else [default_threads]
+    print(f"  crammed-bert-tiny x {layers} layers: batch {batch} x {seq}, vocab {vocab}, keep {KEEP}, {rounds} timed "
+          f"steps each, torch threads {thread_counts}", flush=True)
+    results = {}
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            results[threads] = measure(sides, batch, seq, vocab, rounds, device)
+    finally:
+        torch.set_num_threads(default_threads)
+    tokens = batch * seq
+    rows, targets = [], []
+    for threads, r in results.items():
+        for name in ("dropping", "full"):
+            label = f"arch.token_dropping.keep={KEEP}" if name == "dropping" else "no dropping"
+            rows.append([threads, label, sides[name]["flops"] / 1e6, r["step_s"][name] * 1e3,
+                         tokens / r["step_s"][name], f"{r['speedup']:.2f}x" if name == "dropping" else ""])
+        targets.append(target("token-dropping", f"training tokens/s, keep {KEEP} / no dropping ({threads} torch "
+                              f"thread{'s' if threads > 1 else ''}; FLOPs predict {predicted:.2f}x)",
+                              r["speedup"], "report", "report", None))
+    markdown = (f"crammed-bert-tiny at {layers} layers (dropping layers [{dropping.start}, {dropping.stop})), batch {batch} x {seq}, vocab {vocab}, "
+                f"{'bf16 autocast + compile' if device.type == 'cuda' else 'fp32'}; median of {rounds} alternating "
+                f"training steps each. The FLOPs count predicts {predicted:.2f}x.\n\n"
+                + table(["torch threads", "model", "fwd MFLOPs/token", "step (ms, median)", "tokens/s", "speed-up"],
+                        rows))
+    return {"status": "ok", "batch": batch, "seq": seq, "vocab": vocab, "keep": KEEP, "predicted": predicted,
+            "results": {str(k): {key: v for key, v in r.items()} for k, r in results.items()}, "targets": targets,
+            "markdown": markdown}

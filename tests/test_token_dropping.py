@@ -1,0 +1,231 @@
+"""Token dropping (arch.token_dropping, model/token_dropping.py): which tokens the middle layers see, what the dropped
+ones carry past them, the importance averages and their update from both loss paths, the forwards that never drop,
+the FLOPs count, the refusals, exact resume and a whole CLI run."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file
+
+from conftest import run_pretrain
+from test_resume import NAN_RUN, sigterm_at  # noqa: F401  (the fixture, for the resume test)
+from test_resume import config_for as run_config
+from cramming.config import load_config
+from cramming.errors import UserError
+from cramming.model.configuration_crammed import CrammedConfig
+from cramming.model.modeling_crammed import CrammedForMaskedLM, CrammedForSequenceClassification
+from cramming.model.rotary import Positions
+from cramming.model.token_dropping import TokenImportance, dropping_layers
+from cramming.train.flops import forward_flops_per_token
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+VOCAB, SEQ, PAD, CLS, SEP, MASK = 64, 16, 0, 2, 3, 4
+SIZES = {"vocab_size": VOCAB, "num_layers": 4, "hidden_size": 32, "num_heads": 2, "ffn_size": 64}
+
+
+def config(keep=0.5, **arch):
+    dropping = {"keep": keep, **arch.pop("token_dropping", {})}
+    return CrammedConfig(**{**SIZES, **arch}, token_dropping=dropping)
+
+
+def model(keep=0.5, cls=CrammedForMaskedLM, seed=0, **arch):
+    torch.manual_seed(seed)
+    return cls(config(keep, **arch))
+
+
+def batch(seed=0):
+    """Ids 5.. with a [CLS] first, a [SEP] and two [MASK]s; labels on every fourth position."""
+    ids = torch.randint(5, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(seed))
+    ids[:, 0], ids[:, 7], ids[:, 5], ids[:, 9] = CLS, SEP, MASK, MASK
+    labels = torch.full_like(ids, -100)
+    labels[:, 1::4] = ids[:, 1::4]
+    labels[:, 5], labels[:, 9] = 11, 12
+    return ids, labels
+
+
+def record_layer_inputs(m) -> dict:
+    seen = {}
+    for i, layer in enumerate(m.encoder.layers):
+        layer.register_forward_pre_hook(lambda mod, args, i=i: seen.setdefault(i, args[0].detach().clone()))
+    return seen
+
+
+def test_the_dropping_layers_see_exactly_k_tokens():
+    """4 layers: the default range is [2, 3); layers=[1, 3] widens it. k = round(0.5 * 16) = 8, round(0.3 * 16) = 5."""
+    for keep, layers, k in ((0.5, None, 8), (0.3, [1, 3], 5)):
+        m = model(keep, token_dropping={"layers": layers}).train()
+        seen = record_layer_inputs(m)
+        m(*batch()[:1], labels=batch()[1])
+        dropping = dropping_layers(m.config)
+        assert [seen[i].shape[1] for i in range(4)] == [k if i in dropping else SEQ for i in range(4)], (keep, layers)
+
+
+def test_the_lowest_importance_ids_are_dropped_and_specials_kept():
+    importance = TokenImportance(config(0.5))
+    importance.loss.copy_(torch.arange(VOCAB, dtype=torch.float32))  # id i has running loss i
+    importance.loss[MASK] = importance.loss[CLS] = importance.loss[SEP] = -5.0  # specials are kept whatever they hold
+    importance.loss[PAD] = 100.0  # and padding dropped first whatever it holds
+    ids = torch.tensor([[CLS, 40, 6, MASK, 50, 7, SEP, 30, 8, 60, 9, 20, 10, 55, PAD, PAD]])
+    keep = importance.choose(ids)
+    assert keep.tolist() == [[0, 1, 3, 4, 6, 7, 9, 13]]  # specials, then 60, 55, 50, 40, 30; never 20, pads, 6-10
+    hidden = importance.choose(ids, attention_mask=(torch.arange(SEQ) != 13).long()[None])  # a hidden 55
+    assert hidden.tolist() == [[0, 1, 3, 4, 6, 7, 9, 11]]
+
+
+def test_dropped_tokens_pass_the_middle_layers_unchanged():
+    """Layers [1, 3) of 4: what enters layer 3 at a dropped position is exactly what entered layer 1 there."""
+    m = model(token_dropping={"layers": [1, 3]}).train()
+    seen = record_layer_inputs(m)
+    first = []
+    m.encoder.layers[0].register_forward_hook(lambda mod, args, out: first.append(out.detach().clone()))
+    ids, labels = batch()
+    keep = m.token_importance.choose(ids)
+    m(ids, labels=labels)
+    dropped = torch.ones(2, SEQ, dtype=torch.bool).scatter(1, keep, False)
+    assert dropped.sum() == 2 * (SEQ - 8)
+    assert torch.equal(seen[3][dropped], first[0][dropped])
+    assert not torch.isclose(seen[3][~dropped], first[0][~dropped]).all(-1).any()  # the kept ones went through
+
+
+def test_rotary_turns_the_kept_tokens_by_their_own_positions():
+    """A dropping layer on the kept tokens gives what it gives on the whole sequence with only those keys visible."""
+    m = model(position="rotary", token_dropping={"layers": [1, 3]}).eval()
+    layer = m.encoder.layers[1]
+    x = torch.randn(2, SEQ, 32)
+    keep = torch.tensor([[0, 2, 3, 7, 8, 9, 12, 15], [1, 4, 5, 6, 10, 11, 13, 14]])
+    visible = torch.zeros(2, SEQ, dtype=torch.bool).scatter(1, keep, True)
+    with torch.no_grad():
+        whole = layer(x, visible)
+        kept = layer(x.gather(1, keep[..., None].expand(-1, -1, 32)), None, positions=Positions(keep, SEQ))
+    torch.testing.assert_close(kept, whole.gather(1, keep[..., None].expand(-1, -1, 32)))
+
+
+def test_the_importance_moves_toward_the_observed_losses():
+    importance = TokenImportance(config(0.5, token_dropping={"decay": 0.9}))
+    start = math.log(VOCAB)
+    importance.update(torch.tensor([7, 7, 9, -100, 11]), torch.tensor([1.0, 3.0, 5.0, 50.0, float("nan")]))
+    want = torch.full((VOCAB,), start)
+    want[7], want[9] = 0.9 * start + 0.1 * 2.0, 0.9 * start + 0.1 * 5.0  # the mean of id 7's two losses
+    torch.testing.assert_close(importance.loss, want)  # -100 and the NaN loss left out
+
+    m = model().train()
+    ids, labels = batch()
+    before = m.token_importance.loss.clone()
+    m(ids, labels=labels)
+    moved = (m.token_importance.loss != before).nonzero().flatten().tolist()
+    assert moved == sorted(set(labels[labels != -100].tolist()))
+
+
+def test_fused_and_plain_losses_give_the_same_update():
+    ids, labels = batch()
+    results = {}
+    for loss in ("plain", "fused"):
+        m = model(loss_impl=loss).train()
+        out = m(ids, labels=labels)
+        out.loss.backward()
+        results[loss] = (out.loss.detach(), m.token_importance.loss, m.decoder.weight.grad)
+    (loss_p, imp_p, grad_p), (loss_f, imp_f, grad_f) = results["plain"], results["fused"]
+    assert not torch.equal(imp_p, torch.full((VOCAB,), math.log(VOCAB)))
+    torch.testing.assert_close(imp_f, imp_p)
+    torch.testing.assert_close(loss_f, loss_p)
+    torch.testing.assert_close(grad_f, grad_p)
+
+
+def test_eval_finetuning_inference_and_keep_one_are_the_undropped_model():
+    ids, labels = batch()
+    plain, dropping = model(None), model(0.5)
+    with torch.no_grad():
+        for mode in ("eval", "train"):
+            getattr(plain, mode)(), getattr(dropping, mode)()
+            assert torch.equal(plain(ids).logits, dropping(ids).logits), mode  # no labels: inference never drops
+        plain.eval(), dropping.eval()
+        assert torch.equal(plain(ids, labels=labels).loss, dropping(ids, labels=labels).loss)  # validation
+        for cls in (CrammedForSequenceClassification,):
+            a, b = model(None, cls).train(), model(0.5, cls).train()
+            outputs = []
+            for m in (a, b):
+                torch.manual_seed(1)  # the same classifier dropout
+                outputs.append(m(ids).logits)
+            assert torch.equal(*outputs)
+    one = model(1.0).train()
+    assert one.token_importance is None
+    plain.train()
+    assert torch.equal(one(ids, labels=labels).loss, plain(ids, labels=labels).loss)
+    assert not torch.equal(dropping.train()(ids, labels=labels).loss, plain(ids, labels=labels).loss)
+
+
+def test_flops_count_the_dropping_layers_at_k_tokens():
+    off, on = model(None), model(0.5)
+    blocks = on.encoder.layers
+    saved = blocks[2].flops_per_token(SEQ) - blocks[2].flops_per_token(8) * 8 / SEQ
+    assert forward_flops_per_token(on, SEQ) == int(forward_flops_per_token(off, SEQ) - saved)
+    assert saved > 0.45 * blocks[2].flops_per_token(SEQ)
+
+
+BASE = ["arch=crammed-bert-tiny", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128", "impl=cpu",
+        "data=sanity", "data.vocab_size=256", "data.seq_length=32", "arch.token_dropping.keep=0.5"]
+
+
+def load(*overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return load_config(compose(config_name="pretrain", overrides=BASE + list(overrides)))
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["arch.token_dropping.keep=0"], "arch.token_dropping.keep=0.0 is invalid: must be in (0, 1] or null"),
+    (["arch.token_dropping.keep=1.5"], "arch.token_dropping.keep=1.5 is invalid: must be in (0, 1] or null"),
+    (["arch.token_dropping.decay=1"], "arch.token_dropping.decay=1.0 is invalid: must be in [0, 1)"),
+    (["arch=gpt-tiny"], "in MLM pretraining only, not arch.objective=clm"),
+    (["arch.position=alibi"], "not arch.position=alibi"),
+    (["arch.position=rpe"], "not arch.position=rpe"),
+    (["arch.attention.pattern=[local]", "arch.attention.window=8"], "arch.attention.pattern=['local']"),
+    (["arch.layout=[attention,gmlp]"], "the gmlp blocks of arch.layout"),
+    (["arch.unet_skips=true"], "arch.unet_skips=true"),
+    (["arch.value_embeddings=1"], "arch.value_embeddings=1"),
+    (["arch.token_dropping.layers=[0,3]"], "arch.token_dropping.layers=[0, 3] is invalid: give [first, last) with 1"),
+    (["arch.token_dropping.layers=[1,4]"], "last <= arch.num_layers - 1 = 3"),
+    (["arch.token_dropping.layers=[2,2]"], "1 <= first < last"),
+    (["arch.num_layers=2"], "is empty at arch.num_layers=2"),
+])
+def test_each_refusal_is_one_line(overrides, fragment):
+    with pytest.raises(UserError) as refused:
+        load(*overrides)
+    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_what_is_accepted():
+    for overrides in ([], ["arch.position=rotary"], ["arch.position=learned"], ["arch.position=none"],
+                      ["arch.attention.pattern=[topk]", "impl.attention=eager"], ["arch.token_dropping.keep=null",
+                                                                                  "arch.num_layers=2"]):
+        load(*overrides)
+
+
+def test_resuming_gives_the_same_weights_and_importance_bitwise(sigterm_at, tmp_path):
+    """Stopped at step 2 of 6 and resumed: the importance buffer comes back with the weights, so the run ends as
+    the uninterrupted one, bit for bit."""
+    from cramming import pretraining
+    from cramming.errors import RunStopped
+
+    run = [*NAN_RUN, "arch.num_layers=3", "arch.token_dropping.keep=0.5", "train.checkpoint_every_minutes=null"]
+    pretraining.pretrain(run_config(*run), tmp_path / "whole")
+    sigterm_at.append(2)
+    with pytest.raises(RunStopped):
+        pretraining.pretrain(run_config(*run), tmp_path / "stopped")
+    sigterm_at.clear()
+    assert pretraining.pretrain(run_config(*run), tmp_path / "stopped")["resumed_from"].endswith("step-00000002")
+    want, got = (load_file(tmp_path / d / "checkpoint" / "model.safetensors") for d in ("whole", "stopped"))
+    assert "token_importance.loss" in want and not torch.equal(want["token_importance.loss"],
+                                                               torch.full((256,), math.log(256)))
+    assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_cli_run_drops_tokens_end_to_end(tmp_path):
+    result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "name=td",
+                          "train.max_steps=3", "arch.token_dropping.keep=0.5", run_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights = load_file(tmp_path / "checkpoint" / "model.safetensors")
+    vocab = weights["token_importance.loss"].shape[0]
+    assert (weights["token_importance.loss"] < math.log(vocab)).any()  # three steps of losses went in
