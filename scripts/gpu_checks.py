@@ -1,6 +1,7 @@
 """Every check that needs a CUDA GPU, in one call on a machine that reaches no package registry (the H200 test
 machine): install the carried wheels, a pre-flight of the imports, the kernel figures, the benchmark's GPU section,
-and 1-GPU NCCL smoke runs of FSDP2 and DeepSpeed (ZeRO-1, ZeRO-2) on a tiny model with compile off.
+1-GPU NCCL smoke runs of FSDP2 and DeepSpeed (ZeRO-1, ZeRO-2) on a tiny model with compile off, and compiled
+smoke runs of token dropping under CUDA graphs and of ELECTRA (FEATURES).
 
 Run through scripts/gpu_checks.sh (docs/benchmarks.md says how and what travels). Only stdlib here, so it runs on
 any python3 before the pre-flight has said what is missing. Work folders (logs, runs, the wheels' --target) lie
@@ -27,7 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 540  # the whole run, pre-flight included: a device call allows 10 minutes
-LIMITS_S = {"kernels": 160, "bench_gpu": 180, "fsdp2": 60, "deepspeed_zero1": 60, "deepspeed_zero2": 60}
+LIMITS_S = {"kernels": 160, "bench_gpu": 180, "fsdp2": 60, "deepspeed_zero1": 60, "deepspeed_zero2": 60,
+            "token_dropping_cudagraphs": 90, "rtd_compiled": 90}  # the last ones get what the budget leaves
 REHEARSAL_SLOWER = 4  # a shared 2-core CPU runs even the tiny sizes slower than the GPU machine the full ones
 MAX_FILES, MAX_BYTES = 8, 16 * 2**20  # what may come back from the device machine
 # Modules the checks import (pip name where it differs, for the message), then those only some runs need.
@@ -46,6 +48,12 @@ SIZES = {"gpu": ["arch.num_layers=2", "arch.hidden_size=128", "arch.ffn_size=256
                        "train.batch_size=8", "impl.microbatch_size=4", "train.validation_sequences=16"]}
 ENGINES = {"fsdp2": ["impl.distributed=fsdp2"], "deepspeed_zero1": ["impl.distributed=deepspeed"],
            "deepspeed_zero2": ["impl.distributed=deepspeed", "impl.deepspeed.zero_stage=2"]}
+# Single-process runs of features whose GPU path no CPU test reaches, compiled as a real run is (compile on):
+# token dropping's gathers and importance buffer under CUDA graphs, and ELECTRA's two models in one compiled step.
+# A rehearsal runs them eagerly on CPU, without impl.compile_mode (CUDA graphs need CUDA).
+FEATURES = {"token_dropping_cudagraphs": ["arch.num_layers=3", "arch.token_dropping.keep=0.5",
+                                          "impl.compile_mode=reduce-overhead"],
+            "rtd_compiled": ["arch.objective=rtd"]}
 
 
 def parse_args(argv=None):
@@ -209,6 +217,13 @@ def checks(run: Run) -> None:
         run.step(name, [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "pretrain.py", *impl,
                         *SMOKE, *SIZES[mode], f"train.max_steps={STEPS[mode]}", *engine, f"hydra.run.dir={folder}"],
                  LIMITS_S[name], verify=functools.partial(finished, folder, STEPS[mode], engine[0].split("=")[1]))
+    compiled = [] if run.args.rehearsal else ["impl.compile=true"]
+    for name, feature in FEATURES.items():
+        folder = run.work / "runs" / name
+        feature = [o for o in feature if not (run.args.rehearsal and o.startswith("impl.compile_mode="))]
+        run.step(name, [py, "pretrain.py", *impl, *SMOKE, *SIZES[mode], *compiled, *feature,
+                        f"train.max_steps={STEPS[mode]}", f"hydra.run.dir={folder}"],
+                 LIMITS_S[name], verify=functools.partial(finished, folder, STEPS[mode], "none"))
 
 
 def finished(folder: Path, steps: int, engine: str) -> str | None:

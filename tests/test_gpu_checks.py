@@ -17,7 +17,7 @@ from conftest import REPO
 spec = importlib.util.spec_from_file_location("gpu_checks", REPO / "scripts" / "gpu_checks.py")
 gpu_checks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_checks)
-STEPS = ["kernels", "bench_gpu", *gpu_checks.ENGINES]
+STEPS = ["kernels", "bench_gpu", *gpu_checks.ENGINES, *gpu_checks.FEATURES]
 
 
 def rehearse(tmp_path, hide: list[str], wheels) -> subprocess.CompletedProcess:
@@ -79,7 +79,7 @@ def test_rehearsal_runs_every_step_and_returns_what_the_device_tool_can_carry_ba
     assert summary.startswith("# GPU checks: complete") and "optional datasets not importable" in summary
     for step in ["preflight", *STEPS]:
         assert f"| {step} | ok | 0 |" in summary, summary
-    for engine in gpu_checks.ENGINES:  # each smoke run's own summary, read back
+    for engine in [*gpu_checks.ENGINES, *gpu_checks.FEATURES]:  # each smoke run's own summary, read back
         assert f"- {engine}: {gpu_checks.STEPS['rehearsal']} steps on cpu, validation loss" in summary
     assert json.loads((out / "kernels.json").read_text())["smoke"] is True
     assert json.loads((out / "bench.json").read_text())["sections"]["gpu"]["status"] == "smoke-cpu"
@@ -87,7 +87,7 @@ def test_rehearsal_runs_every_step_and_returns_what_the_device_tool_can_carry_ba
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())
     assert {f"logs/{step}.log" for step in ["preflight", *STEPS]} <= names
-    assert {f"runs/{engine}/metrics.jsonl" for engine in gpu_checks.ENGINES} <= names
+    assert {f"runs/{engine}/metrics.jsonl" for engine in [*gpu_checks.ENGINES, *gpu_checks.FEATURES]} <= names
 
 
 def test_the_benchmarks_gpu_section_runs_the_kernels_unless_kernel_seconds_is_0(monkeypatch, tmp_path):
