@@ -95,7 +95,7 @@ def scatter_tokens(full: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -
 
 def problem(config, head) -> str | None:
     """What arch.token_dropping refuses (config: a PretrainConfig; head: the objective's pretraining model class,
-    which must drop tokens, `drops_tokens`). The others parts refuse by their registries' `token_subsets`."""
+    which must drop tokens, `drops_tokens`); positions, patterns and blocks answer by their `token_subsets`."""
     from .block import BLOCKS
     from .patterns import PATTERNS
     from .positions import POSITIONS

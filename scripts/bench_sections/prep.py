@@ -105,7 +105,8 @@ def start(kind: str, jobs: list[tuple[Path, Path]], tokenizer: str, seq: int, vo
     args = [sys.executable, "-m", "bench_sections.prep", kind, tokenizer, str(seq), str(vocab),
             *(str(p) for job in jobs for p in job)]
     return subprocess.Popen(args, cwd=REPO / "scripts", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "scripts")})
+                            # this checkout's cramming, whatever the environment's install points at
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "scripts"), str(REPO)])})
 
 
 def finish(proc: subprocess.Popen) -> list[dict]:
