@@ -281,3 +281,27 @@ def test_dedup_memory_is_what_the_docs_say():
             per_doc.append(seen.table.nbytes / seen.count)
     assert min(per_doc) == 16 and 31.9 < max(per_doc) < 32
     assert "16 bytes per document just" in dedup.__doc__ and "32 right after" in dedup.__doc__
+
+
+def test_python_docs_key_follows_the_installed_set_not_its_path_entries(tmp_path, monkeypatch):
+    """A distribution seen twice (an egg-info beside the checkout and the venv's) keeps the corpus key; a new
+    distribution changes it (its docstrings may join the corpus)."""
+    import importlib.metadata
+    import sys
+    from types import SimpleNamespace
+
+    from cramming.data.sources import PythonDocs
+
+    def key():
+        return PythonDocs(SimpleNamespace(max_chars=1000), tmp_path).corpus.name
+
+    before = key()
+    torch_dist = importlib.metadata.distribution("torch")
+    for folder, name, version in (("twice", "torch", torch_dist.version), ("new", "brand-new-pkg", "1.0")):
+        info = tmp_path / folder / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "twice"), *sys.path])
+    assert key() == before
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "new"), *sys.path])
+    assert key() != before

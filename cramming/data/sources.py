@@ -22,7 +22,9 @@ class PythonDocs:
     def __init__(self, cfg, cache_dir: Path):
         self.cap = cfg.max_chars or 20_000_000
         # The text depends on the Python version and on which packages are installed: key the corpus by both.
-        installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+        # A set: a distribution reachable through two sys.path entries (an editable install's egg-info beside the
+        # repository, say) must not change the key between jobs of one multirun.
+        installed = sorted({f"{d.metadata['Name']}=={d.version}".lower() for d in importlib.metadata.distributions()})
         env = hashlib.sha256(json.dumps([sys.version, installed]).encode()).hexdigest()[:12]
         self.corpus = cache_dir / f"python-docs-{env}-{self.cap}.jsonl"
 
