@@ -215,7 +215,7 @@ def components() -> list[tuple]:
     from .train.averaging import AVERAGING
     from .train.nonfinite import NONFINITE
     from .train.objectives import OBJECTIVES
-    from .train.optim import OPTIMIZERS
+    from .train.optim import OPTIMIZERS, run_problem
     from .train.schedule import SCHEDULES
 
     def schedule(entry, c):
@@ -227,7 +227,7 @@ def components() -> list[tuple]:
         ("arch.layout", BLOCKS, (), own_problem), ("arch.attention.pattern", PATTERNS, (), own_problem),
         ("arch.objective", OBJECTIVES, (), own_problem), ("data.source", SOURCES, (), own_problem),
         ("arch.position", POSITIONS, (), own_problem),  # after gmlp and data.seq_length: their messages say more
-        ("train.schedule", SCHEDULES, (), schedule), ("train.optim.name", OPTIMIZERS, (), own_problem),
+        ("train.schedule", SCHEDULES, (), schedule), ("train.optim.name", OPTIMIZERS, (), run_problem),
         ("train.nonfinite", NONFINITE, (), None), ("train.averaging", AVERAGING, (), own_problem),
         ("impl.attention", ATTENTION_KERNELS, ("auto",), None),
         ("impl.rotary", ROTARY_IMPLS, ("auto",), None), ("impl.loss", LOSSES, ("auto",), None),
@@ -307,12 +307,14 @@ def refuse(problem: str | None) -> None:
 
 def seq_schedule_problem(c: PretrainConfig) -> str | None:
     """The curriculum's stages against the data, the batch and the architecture (see train/curriculum.py)."""
+    from .model.block import BLOCKS
     from .model.patterns import PATTERNS
     from .model.positions import POSITIONS
     from .train.curriculum import sequence_length
 
     a, d = c.arch, c.data
     key, stages = "train.seq_schedule", c.train.seq_schedule
+    fixed_blocks = [kind for kind in dict.fromkeys(a.layout) if getattr(BLOCKS.get(kind), "fixed_length", False)]
     if not all(isinstance(stage, (list, tuple)) and len(stage) == 2 and all(isinstance(v, (int, float)) for v in stage)
                and stage[0] > 0 for stage in stages):
         return invalid(key, stages, "give [budget_fraction > 0, seq_length] pairs")
@@ -329,11 +331,12 @@ def seq_schedule_problem(c: PretrainConfig) -> str | None:
         if c.impl.microbatch_size != "auto" and microbatch_size(c) % k:
             return invalid(key, stages, f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a "
                            f"multiple of {k}")
-        fixed = POSITIONS[a.position].table is not None or "gmlp" in a.layout
+        fixed = POSITIONS[a.position].table is not None or fixed_blocks
         if fixed and tokens > a.max_seq_length:
+            blocks = "".join(f" and {kind}" for kind in fixed_blocks)
             return invalid(key, stages, f"its {tokens}-token sequences are longer than arch.max_seq_length="
-                           f"{a.max_seq_length} ({a.position} positions{' and gmlp' if 'gmlp' in a.layout else ''} "
-                           "do not extrapolate); raise it, or use rotary, alibi, rpe or none")
+                           f"{a.max_seq_length} ({a.position} positions{blocks} do not extrapolate); raise it, or "
+                           "use rotary, alibi, rpe or none")
         for pattern in dict.fromkeys(a.attention.pattern):
             if problem := PATTERNS[pattern].problem(c, tokens, "the stage length"):
                 return invalid(key, stages, f"a stage refused by arch.attention.pattern: {problem}")

@@ -81,7 +81,8 @@ def test_every_job_composes_and_validates(preset, scale):
     assert len(distinct) == len(jobs)
     for c in configs:
         if scale == "cpu":
-            assert (c.impl.device, c.budget <= 0.05) == ("cpu", True)
+            short = c.budget <= 0.05 or (c.train.max_steps or 10**9) <= 200  # minutes: by the clock or by steps
+            assert (c.impl.device, short) == ("cpu", True)
         else:
             assert c.impl.device == "cuda" and c.train.batch_size == 8192 and c.arch.num_layers >= 12
 
@@ -125,6 +126,18 @@ def test_variants_set_what_they_say():
     expect("scaling-law", **{f"w{h}": {"arch.hidden_size": h, "arch.ffn_size": 4 * h} for h in (64, 128, 256)})
     expect("token-dropping", full={"arch.token_dropping.keep": None, "arch.num_layers": 8},
            keep50={"arch.token_dropping.keep": 0.5, "arch.num_layers": 8})
+
+
+def test_mup_width_cpu_grid_is_step_bounded():
+    """Every CPU job ends on the same step count, its schedule fed step / max_steps: a loaded machine slows the
+    jobs but cannot give them unequal steps (the budget only backs the steps up)."""
+    from cramming.train.schedule import SCHEDULES
+
+    configs = [validated(job) for job in sweep_jobs("mup-width", [])]
+    grid = {(c.arch.hidden_size, c.arch.parametrization, c.train.lr) for c in configs}
+    assert grid == {(w, p, lr) for w in (64, 256) for p in ("standard", "mup") for lr in (1e-3, 3e-3, 1e-2)}
+    assert {c.train.max_steps for c in configs} == {60}
+    assert all(SCHEDULES[c.train.schedule].by_steps and c.budget * 3600 >= 30 * 60 for c in configs)
 
 
 def test_scaling_law_is_a_grid():

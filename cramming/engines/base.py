@@ -15,6 +15,13 @@ def uncompiled(model):
     return getattr(model, "_orig_mod", model)
 
 
+def whole_matrices(optimizer: str) -> bool:
+    """Whether train.optim.name's update reads whole matrices (its entry's trait), which a sharded state breaks."""
+    from ..train.optim import OPTIMIZERS  # train.optim imports the engines
+
+    return getattr(OPTIMIZERS.get(optimizer), "whole_matrices", False)
+
+
 class Engine:
     name = "none"
     active = False  # several processes share the run

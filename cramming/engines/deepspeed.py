@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from .base import uncompiled
+from .base import uncompiled, whole_matrices
 from .torchrun import Torchrun
 
 FOLDER = "deepspeed"  # inside a checkpoint: the engine's own files (weights, each rank's optimizer partition)
@@ -47,9 +47,10 @@ def problem(config, runtime, microbatch: int | None) -> str | None:
     if microbatch is None:
         return ("impl.microbatch_size=auto cannot be used with impl.distributed=deepspeed (DeepSpeed fixes the "
                 "microbatch when the engine is built); give impl.microbatch_size a number")
-    if train.optim.name == "muon" and ds.zero_stage > 0:
-        return ("train.optim.name=muon cannot run under ZeRO: Muon orthogonalises whole matrices and ZeRO gives "
-                "each rank a slice of the optimizer state; use impl.deepspeed.zero_stage=0, or another optimizer")
+    if ds.zero_stage > 0 and whole_matrices(train.optim.name):
+        return (f"train.optim.name={train.optim.name} cannot run under ZeRO: its update reads whole matrices (Muon "
+                "orthogonalises them) and ZeRO gives each rank a slice of the optimizer state; use "
+                "impl.deepspeed.zero_stage=0, or another optimizer")
     if train.nonfinite == "skip" and ds.zero_stage == 0 and runtime.precision != "fp16":
         return ("train.nonfinite=skip needs DeepSpeed to check the gradients for inf/NaN, which it does under ZeRO "
                 "(impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or train.nonfinite=halt|rollback")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .base import uncompiled
+from .base import uncompiled, whole_matrices
 from .torchrun import Torchrun
 
 
@@ -20,9 +20,10 @@ class FSDP2(Torchrun):
     shards_weights = True
 
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
-        if config.train.optim.name == "muon":
-            return ("train.optim.name=muon cannot run under impl.distributed=fsdp2: Muon orthogonalises whole "
-                    "matrices and FSDP2 gives each rank a shard; use ddp, or another optimizer")
+        if whole_matrices(name := config.train.optim.name):
+            return (f"train.optim.name={name} cannot run under impl.distributed=fsdp2: its update reads whole "
+                    "matrices (Muon orthogonalises them) and FSDP2 gives each rank a shard; use ddp, or another "
+                    "optimizer")
         if runtime.precision == "fp16":
             return ("impl.precision=fp16 is not supported with impl.distributed=fsdp2 (its grad scaler would "
                     "see only this rank's shard); use bf16")

@@ -30,6 +30,8 @@ def cache_refusal(config) -> str | None:
 class TransformerBlock(nn.Module):
     kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
     token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
+    takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values
+    width_scaled = True  # every weight's fan-in is the width: arch.parametrization=mup covers it
 
     def __init__(self, config, index: int = 0):
         super().__init__()

@@ -44,6 +44,9 @@ class TinyAttention(nn.Module):
 
 
 class GMLPBlock(nn.Module):
+    width_scaled = False  # the spatial gate's fan-in is the sequence, not the width: muP has no rule for it
+    fixed_length = True  # the spatial gate is arch.max_seq_length square: no longer sequences
+
     @staticmethod
     def problem(config) -> str | None:
         """Its spatial matrix is max_seq_length square, and it splits ffn_size in halves."""

@@ -20,12 +20,13 @@ import math
 from .registry import Registry, invalid
 
 PARAMETRIZATIONS = Registry("parametrization")
-ADAM_LIKE = ("adamw", "lion")  # per-coordinate normalised updates: muP's Adam table holds (Lion's sign update too)
 
 
 @PARAMETRIZATIONS.register_one("standard")
 class Standard:
     """Every width gets the same init std, learning rate, logit multiplier and 1 / sqrt(d) attention."""
+
+    needs_normalised_updates = False  # any optimizer (train/optim.py asks its entry's normalised_updates)
 
     def width_multiplier(self, config) -> float:
         return 1.0
@@ -46,6 +47,8 @@ class Standard:
 
 @PARAMETRIZATIONS.register_one("mup")
 class Mup(Standard):
+    needs_normalised_updates = True  # the lr / m table is Adam's: per-coordinate normalised steps (Lion's too)
+
     def width_multiplier(self, config) -> float:
         return config.hidden_size / config.mup_base_width
 
@@ -66,17 +69,18 @@ class Mup(Standard):
         return 1.0 / self.width_multiplier(config)
 
     def problem(self, config) -> str | None:
-        """What muP is not defined for here (config: a PretrainConfig)."""
-        a, name = config.arch, config.train.optim.name
-        if name not in ADAM_LIKE:
-            return invalid("train.optim.name", name, "arch.parametrization=mup scales learning rates for Adam-family "
-                           f"optimizers only; use one of {', '.join(ADAM_LIKE)} or arch.parametrization=standard")
+        """What muP is not defined for here (config: a PretrainConfig; the optimizer: train/optim.py)."""
+        from .block import BLOCKS  # block -> attention -> this module
+
+        a = config.arch
         if a.linear != "dense" and a.linear_on:
             return invalid("arch.linear", a.linear, "arch.parametrization=mup needs dense projections (a structured "
                            "layer's factors have no single fan-in); use arch.linear=dense")
-        if "gmlp" in a.layout:
-            return invalid("arch.layout", a.layout, "arch.parametrization=mup does not scale gMLP's spatial gate "
-                           "(its fan-in is the sequence, not the width); use arch.layout=[attention]")
+        unscaled = [kind for kind in dict.fromkeys(a.layout) if not getattr(BLOCKS.get(kind), "width_scaled", False)]
+        if unscaled:
+            return invalid("arch.layout", a.layout, f"arch.parametrization=mup does not scale {', '.join(unscaled)} "
+                           "blocks (gMLP's spatial gate has the sequence as fan-in, not the width); use only "
+                           f"{', '.join(BLOCKS.having('width_scaled'))} blocks")
         return None
 
 

@@ -10,14 +10,17 @@ class Registry(dict):
         super().__init__()
         self.kind = kind
 
-    def register(self, name: str, problem=None):
+    def register(self, name: str, problem=None, **traits):
         """problem(run_config) -> str | None: what the entry refuses, for entries (functions) that cannot carry a
-        `problem` of their own."""
+        `problem` of their own; traits: attributes the entry carries for the code that asks (a function cannot
+        declare class attributes)."""
         def add(obj):
             if name in self:
                 raise KeyError(f"{self.kind} {name!r} registered twice")
             if problem is not None:
                 obj.problem = problem
+            for key, value in traits.items():
+                setattr(obj, key, value)
             self[name] = obj
             return obj
 
@@ -36,6 +39,10 @@ class Registry(dict):
         if name not in self:
             raise ValueError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self))}")
         return self[name]
+
+    def having(self, trait: str) -> list[str]:
+        """The sorted names of the entries whose `trait` attribute is true (missing counts as false)."""
+        return sorted(name for name, entry in self.items() if getattr(entry, trait, False))
 
 
 def own_problem(entry, config) -> str | None:

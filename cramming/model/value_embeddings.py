@@ -52,7 +52,10 @@ def problem(config) -> str | None:
     if k < 0 or 2 * k > a.num_layers:
         return invalid("arch.value_embeddings", k, f"must be in [0, arch.num_layers / 2 = {a.num_layers // 2}] "
                        "(table i serves layer i and its mirror among the last layers)")
-    if k and set(a.layout) != {"attention"}:
+    from .block import BLOCKS  # block -> attention -> this module
+
+    if k and not all(getattr(BLOCKS.get(kind), "takes_value_embedding", False) for kind in a.layout):
+        fits = ", ".join(BLOCKS.having("takes_value_embedding"))
         return invalid("arch.value_embeddings", k, f"mixes into attention values, and arch.layout={a.layout} has "
-                       "blocks without attention; use arch.layout=[attention] or arch.value_embeddings=0")
+                       f"blocks without attention; use only {fits} blocks in arch.layout or arch.value_embeddings=0")
     return None

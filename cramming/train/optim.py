@@ -10,11 +10,13 @@ import torch
 
 from ..engines import Engine
 from ..errors import UserError
-from ..model.parametrization import hidden_weights, parametrization
-from ..model.registry import Registry, invalid
+from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametrization
+from ..model.registry import Registry, invalid, own_problem
 from .lion import Lion
 
 OPTIMIZERS = Registry("optimizer")
+# Entry traits: normalised_updates (each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam
+# table holds); whole_matrices (the update reads whole matrices, as Muon's orthogonalisation: no sharded state).
 
 
 def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
@@ -29,6 +31,22 @@ def optimizer_problem(name: str) -> str | None:
     if name == "muon" and not hasattr(torch.optim, "Muon"):
         return f"train.optim.name=muon needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
     return None
+
+
+def run_problem(entry, config) -> str | None:
+    """What the chosen optimizer refuses in a run config: its own problem, then arch.parametrization's."""
+    return own_problem(entry, config) or parametrization_problem(entry, config)
+
+
+def parametrization_problem(entry, config) -> str | None:
+    """muP's learning-rate table (Tensor Programs V, Table 3) is derived for per-coordinate normalised updates."""
+    chosen = PARAMETRIZATIONS.get(config.arch.parametrization)  # unknown names: the parametrization check says so
+    if not getattr(chosen, "needs_normalised_updates", False) or getattr(entry, "normalised_updates", False):
+        return None
+    fits = ", ".join(OPTIMIZERS.having("normalised_updates"))
+    return invalid("train.optim.name", config.train.optim.name,
+                   f"arch.parametrization={config.arch.parametrization} scales learning rates for optimizers with "
+                   f"per-coordinate normalised updates only; use one of {fits} or arch.parametrization=standard")
 
 
 def decay_groups(params, cfg, lr: float) -> list[dict]:
@@ -58,7 +76,7 @@ def fused_adamw(groups: list[dict], cfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
 
 
-@OPTIMIZERS.register("adamw")
+@OPTIMIZERS.register("adamw", normalised_updates=True)
 def adamw(model, cfg):
     return fused_adamw(width_groups(model, cfg), cfg)
 
@@ -76,7 +94,7 @@ def sgd(model, cfg):
                            nesterov=cfg.optim.nesterov and momentum > 0)
 
 
-@OPTIMIZERS.register("lion")
+@OPTIMIZERS.register("lion", normalised_updates=True)
 def lion(model, cfg):
     """Lion with train.betas; it wants a smaller train.lr than AdamW (see lion.py)."""
     return Lion(width_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas))
@@ -102,7 +120,7 @@ def muon_problem(config) -> str | None:
     return None
 
 
-@OPTIMIZERS.register("muon", problem=muon_problem)
+@OPTIMIZERS.register("muon", problem=muon_problem, whole_matrices=True)
 def muon(model, cfg):
     """Muon (Jordan et al. 2024: momentum orthogonalised by a Newton-Schulz iteration) for the blocks' matrices at
     peak lr optim.muon_lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""
