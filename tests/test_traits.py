@@ -20,24 +20,25 @@ def config_for(*overrides):
         return load_config(compose(config_name="pretrain", overrides=["arch=gpt-tiny", *overrides]))
 
 
-def test_mup_takes_any_optimizer_with_normalised_updates(monkeypatch):
-    with pytest.raises(UserError, match="use one of adamw, lion or arch.parametrization=standard"):
-        config_for("arch.parametrization=mup", "train.optim.name=sgd")
-    monkeypatch.setattr(OPTIMIZERS["sgd"], "normalised_updates", True, raising=False)
-    config_for("arch.parametrization=mup", "train.optim.name=sgd")
-    monkeypatch.setattr(OPTIMIZERS["lion"], "normalised_updates", False)
-    with pytest.raises(UserError, match="train.optim.name='lion' is invalid: .* use one of adamw, sgd or"):
-        config_for("arch.parametrization=mup", "train.optim.name=lion")
+MUP = "arch.parametrization=mup"
+GMLP_TOO = [MUP, "arch.layout=[attention,gmlp]"]
 
 
-def test_mup_takes_the_blocks_it_scales(monkeypatch):
-    with pytest.raises(UserError, match="does not scale gmlp blocks .* use only attention blocks"):
-        config_for("arch.parametrization=mup", "arch.layout=[attention,gmlp]")
-    monkeypatch.setattr(BLOCKS["gmlp"], "width_scaled", True)
-    config_for("arch.parametrization=mup", "arch.layout=[attention,gmlp]")
-    monkeypatch.setattr(BLOCKS["attention"], "width_scaled", False)
-    with pytest.raises(UserError, match="does not scale attention blocks .* use only gmlp blocks"):
-        config_for("arch.parametrization=mup", "arch.layout=[attention,gmlp]")
+@pytest.mark.parametrize("registry,trait,first,refused,grant,revoke,then,refused_then", [
+    (OPTIMIZERS, "normalised_updates", [MUP, "train.optim.name=sgd"], "use one of adamw, lion or", "sgd", "lion",
+     [MUP, "train.optim.name=lion"], "train.optim.name='lion' is invalid: .* use one of adamw, sgd or"),
+    (BLOCKS, "width_scaled", GMLP_TOO, "does not scale gmlp blocks .* use only attention blocks", "gmlp",
+     "attention", GMLP_TOO, "does not scale attention blocks .* use only gmlp blocks"),
+], ids=["optimizer", "block"])
+def test_mup_asks_the_trait(monkeypatch, registry, trait, first, refused, grant, revoke, then, refused_then):
+    """Granting the trait lets an entry in; taking it away shuts one out, and the message lists who has it."""
+    with pytest.raises(UserError, match=refused):
+        config_for(*first)
+    monkeypatch.setattr(registry[grant], trait, True, raising=False)
+    config_for(*first)
+    monkeypatch.setattr(registry[revoke], trait, False)
+    with pytest.raises(UserError, match=refused_then):
+        config_for(*then)
 
 
 def test_value_embeddings_need_blocks_that_take_them(monkeypatch):

@@ -106,13 +106,18 @@ def predict(model, ids, pad_id, batch_size, device, autocast, regression: bool) 
 def train_step(model, inputs, labels, optimizer, scheduler, scaler, autocast, grad_clip) -> float:
     """One optimizer step. Under fp16 the scaler keeps small gradients from flushing to zero and skips a step whose
     gradients overflowed; for bf16 and fp32 it is disabled and passes everything through."""
+    return optimizer_step(classifier_loss(model, inputs, labels, autocast), model, optimizer, scheduler, scaler,
+                          grad_clip)
+
+
+def classifier_loss(model, inputs, labels, autocast) -> torch.Tensor:
+    """The sequence classifier's own loss on a collated batch (regression: MSE, else cross-entropy)."""
     with autocast():
-        loss = model(**inputs, labels=labels).loss
-    return optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip)
+        return model(**inputs, labels=labels).loss
 
 
 def optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip) -> float:
-    """Backward and step for a loss of any head (train_step's second half, shared with the SuperGLUE heads)."""
+    """Backward, clip, step and schedule for a loss of any head (every head's run_epochs step; train_step)."""
     scaler.scale(loss).backward()
     if grad_clip:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -143,38 +148,53 @@ def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runt
              label: str, progress=None) -> dict:
     """`progress`: the run-wide tqdm bar (every task, seed and epoch), advanced per step and showing the loss."""
     torch.manual_seed(seed)
-    rng = random.Random(seed)
     regression = task.label_names is None
     train_ids = encode(tokenizer, task.train, recipe.max_length)
     train_labels = torch.tensor([e.label for e in task.train], dtype=torch.float32 if regression else torch.long)
     dev = {split: (encode(tokenizer, rows, recipe.max_length), [e.label for e in rows])
            for split, rows in task.dev.items()}
-
     model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
+    autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+
+    def batch_loss(batch):
+        inputs = collate([train_ids[i] for i in batch], pad_id, device)
+        return classifier_loss(model, inputs, train_labels[batch].to(device), autocast)
+
+    def predict_split(split):
+        return predict(model, dev[split][0], pad_id, recipe.batch_size, device, autocast, regression)
+
+    labels = {split: split_labels for split, (_, split_labels) in dev.items()}
+    return run_epochs(task, recipe, seed, runtime, model, [len(r) for r in train_ids], batch_loss, predict_split,
+                      label, progress, labels)
+
+
+def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, predict, label, progress,
+               labels=None) -> dict:
+    """Fine-tune `model` for the recipe's epochs and score every dev split after each: every head's loop.
+    `batch_loss(indices)` is a batch's loss (under autocast), `predict(split)` the split's predictions, `labels`
+    {split: labels} for the GLUE metrics (None where the task's own scorer reads its examples)."""
+    rng = random.Random(seed)
     optimizer = build_optimizer(model, recipe)
     total = steps_per_run(task, recipe)
     scheduler = SCHEDULES.get_or_explain(recipe.schedule).build(optimizer, int(recipe.warmup_fraction * total), total)
-    autocast, pad_id, scaler = runtime.autocast(), tokenizer.pad_token_id, runtime.grad_scaler()
-    curve = []
+    scaler, curve = runtime.grad_scaler(), []
     for epoch in range(1, recipe.epochs + 1):
         model.train()
         losses = []
         if progress is not None:
             progress.set_description(f"{label} epoch {epoch}/{recipe.epochs}", refresh=False)
         started = time.perf_counter()
-        for batch in length_buckets([len(r) for r in train_ids], recipe.batch_size, rng):
-            inputs = collate([train_ids[i] for i in batch], pad_id, runtime.device)
-            losses.append(train_step(model, inputs, train_labels[batch].to(runtime.device), optimizer, scheduler,
-                                     scaler, autocast, recipe.grad_clip))
+        for batch in length_buckets(train_lengths, recipe.batch_size, rng):
+            losses.append(optimizer_step(batch_loss(batch), model, optimizer, scheduler, scaler, recipe.grad_clip))
             if progress is not None:
                 progress.set_postfix_str(f"loss {np.mean(losses[-50:]):.4f}", refresh=False)
                 progress.update(1)
         train_seconds = time.perf_counter() - started  # the training loop alone, for throughput (scripts/bench.py)
-        scores = {split: score(task, split, predict(model, ids, pad_id, recipe.batch_size, runtime.device, autocast,
-                                                    regression), labels)
-                  for split, (ids, labels) in dev.items()}
+        model.eval()
+        with torch.inference_mode():
+            scores = {split: score(task, split, predict(split), (labels or {}).get(split)) for split in task.dev}
         curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "train_seconds": round(train_seconds, 3),
-                      "train_examples": len(train_ids), "dev": scores})
+                      "train_examples": len(train_lengths), "dev": scores})
     return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}
 
 

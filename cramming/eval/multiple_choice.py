@@ -1,4 +1,4 @@
-"""Candidate scoring for SuperGLUE's COPA and ReCoRD, and the epoch loop the non-classification heads share.
+"""Candidate scoring for SuperGLUE's COPA and ReCoRD (trained by finetune.run_epochs, as every head).
 
 As in the SuperGLUE BERT baseline, each (context, option) pair goes through the encoder and a one-logit head on
 the pooled first token; the highest-scoring option is the answer. COPA trains that score with a softmax over
@@ -7,54 +7,13 @@ entity's score on its own with a logistic loss ("the probability of each candida
 others", as the baseline did), and predicts the best-scoring one per query.
 """
 
-import random
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .finetune import (
-    HEADS,
-    PREDICT_BATCHES,
-    SCHEDULES,
-    build_classifier,
-    build_optimizer,
-    collate,
-    length_buckets,
-    optimizer_step,
-    score,
-    steps_per_run,
-)
-
-
-def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, predict, label, progress) -> dict:
-    """Fine-tune `model` for the recipe's epochs and score every dev split after each, like finetune.finetune.
-    `batch_loss(indices)` is a batch's loss (under autocast), `predict(split)` the split's predictions."""
-    rng = random.Random(seed)
-    optimizer = build_optimizer(model, recipe)
-    total = steps_per_run(task, recipe)
-    scheduler = SCHEDULES.get_or_explain(recipe.schedule).build(optimizer, int(recipe.warmup_fraction * total), total)
-    scaler, curve = runtime.grad_scaler(), []
-    for epoch in range(1, recipe.epochs + 1):
-        model.train()
-        losses = []
-        if progress is not None:
-            progress.set_description(f"{label} epoch {epoch}/{recipe.epochs}", refresh=False)
-        started = time.perf_counter()
-        for batch in length_buckets(train_lengths, recipe.batch_size, rng):
-            losses.append(optimizer_step(batch_loss(batch), model, optimizer, scheduler, scaler, recipe.grad_clip))
-            if progress is not None:
-                progress.set_postfix_str(f"loss {np.mean(losses[-50:]):.4f}", refresh=False)
-                progress.update(1)
-        train_seconds = time.perf_counter() - started
-        model.eval()
-        with torch.inference_mode():
-            scores = {split: score(task, split, predict(split), None) for split in task.dev}
-        curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "train_seconds": round(train_seconds, 3),
-                      "train_examples": len(train_lengths), "dev": scores})
-    return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}
+from .finetune import HEADS, PREDICT_BATCHES, build_classifier, collate, run_epochs
 
 
 def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:

@@ -12,8 +12,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from ..errors import UserError
-from .finetune import HEADS, PREDICT_BATCHES, collate
-from .multiple_choice import run_epochs
+from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
 
 
 class SpanPairClassifier(nn.Module):
