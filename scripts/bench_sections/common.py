@@ -94,6 +94,24 @@ class MatmulPeak:
         return statistics.median(self.samples)
 
 
+def thread_counts(device) -> list[int]:
+    """The torch thread counts a CPU section times at: 1 and the default (the default alone on a GPU)."""
+    default = torch.get_num_threads()
+    return sorted({1, default}) if device.type == "cpu" else [default]
+
+
+def at_each_thread_count(counts: list[int], measure) -> dict:
+    """{threads: measure()} with torch set to each count in turn, and the default restored after."""
+    default, results = torch.get_num_threads(), {}
+    try:
+        for threads in counts:
+            torch.set_num_threads(threads)
+            results[threads] = measure()
+    finally:
+        torch.set_num_threads(default)
+    return results
+
+
 def target(section: str, name: str, value, goal: str, op: str, threshold: float | None, unit: str = "x") -> dict:
     """One checked figure. op: '>=' / '<' against threshold, or 'report' (no target: status INFO); unit: how it
     reads ('x' a ratio, '%' a fraction shown in percent, '' a plain number)."""

@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from .common import compose_config, table, target, timed
+from .common import at_each_thread_count, compose_config, table, target, thread_counts, timed
 
 SMOKE_ARCH = ["arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"]
 
@@ -60,17 +60,10 @@ def run(args, device) -> dict:
     torch.manual_seed(0)
     model = build_gpt_tiny(vocab, device, args.smoke)
     ids = torch.randint(5, vocab, (batch, prompt), generator=torch.Generator().manual_seed(0)).to(device)
-    default_threads = torch.get_num_threads()
-    thread_counts = sorted({1, default_threads}) if device.type == "cpu" else [default_threads]
+    counts = thread_counts(device)
     print(f"  gpt-tiny: batch {batch}, prompt {prompt}, {new} new tokens, vocab {vocab}, {rounds} timed calls each, "
-          f"torch threads {thread_counts}", flush=True)
-    results = {}
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
-            results[threads] = measure(model, ids, new, rounds, device)
-    finally:
-        torch.set_num_threads(default_threads)
+          f"torch threads {counts}", flush=True)
+    results = at_each_thread_count(counts, lambda: measure(model, ids, new, rounds, device))
     rows, targets = [], []
     for threads, r in results.items():
         rows.append([threads, "with the cache (use_cache=True)", r["cached_s"] * 1e3, batch * new / r["cached_s"],

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from .common import compose_config, table, target, timed
+from .common import at_each_thread_count, compose_config, table, target, thread_counts, timed
 from .train import train_step
 
 ARCH = ["arch=crammed-bert-tiny", "arch.num_layers=12"]
@@ -72,17 +72,10 @@ def run(args, device) -> dict:
 
     arch = sides["dropping"]["config"].arch
     layers, dropping = arch.num_layers, dropping_layers(arch)
-    default_threads = torch.get_num_threads()
-    thread_counts = sorted({1, default_threads}) if device.type == "cpu" else [default_threads]
+    counts = thread_counts(device)
     print(f"  crammed-bert-tiny x {layers} layers: batch {batch} x {seq}, vocab {vocab}, keep {KEEP}, {rounds} timed "
-          f"steps each, torch threads {thread_counts}", flush=True)
-    results = {}
-    try:
-        for threads in thread_counts:
-            torch.set_num_threads(threads)
-            results[threads] = measure(sides, batch, seq, vocab, rounds, device)
-    finally:
-        torch.set_num_threads(default_threads)
+          f"steps each, torch threads {counts}", flush=True)
+    results = at_each_thread_count(counts, lambda: measure(sides, batch, seq, vocab, rounds, device))
     tokens = batch * seq
     rows, targets = [], []
     for threads, r in results.items():
