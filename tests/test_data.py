@@ -283,25 +283,28 @@ def test_dedup_memory_is_what_the_docs_say():
     assert "16 bytes per document just" in dedup.__doc__ and "32 right after" in dedup.__doc__
 
 
-def test_python_docs_key_follows_the_installed_set_not_its_path_entries(tmp_path, monkeypatch):
-    """A distribution seen twice (an egg-info beside the checkout and the venv's) keeps the corpus key; a new
-    distribution changes it (its docstrings may join the corpus)."""
-    import importlib.metadata
+def test_python_docs_key_follows_what_is_installed_where_the_corpus_reads(tmp_path, monkeypatch):
+    """The key reads the distributions in the corpus's own folders: a folder put on sys.path mid-run (importing
+    setuptools adds its _vendor folder, between the jobs of a multirun) keeps it; a new distribution there
+    changes it (its docstrings may join the corpus)."""
     import sys
     from types import SimpleNamespace
 
-    from cramming.data.sources import PythonDocs
+    from cramming.data import sources
 
-    def key():
-        return PythonDocs(SimpleNamespace(max_chars=1000), tmp_path).corpus.name
-
-    before = key()
-    torch_dist = importlib.metadata.distribution("torch")
-    for folder, name, version in (("twice", "torch", torch_dist.version), ("new", "brand-new-pkg", "1.0")):
+    def dist_info(folder, name, version="1.0"):
         info = tmp_path / folder / f"{name}-{version}.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    monkeypatch.setattr(sys, "path", [str(tmp_path / "twice"), *sys.path])
+
+    def key():
+        return sources.PythonDocs(SimpleNamespace(max_chars=1000), tmp_path).corpus.name
+
+    dist_info("site", "first-pkg")
+    monkeypatch.setattr(sources, "default_roots", lambda: [str(tmp_path / "site")])
+    before = key()
+    dist_info("vendored", "vendored-pkg")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "vendored"), *sys.path])
     assert key() == before
-    monkeypatch.setattr(sys, "path", [str(tmp_path / "new"), *sys.path])
+    dist_info("site", "brand-new-pkg")
     assert key() != before

@@ -11,8 +11,15 @@ from pathlib import Path
 
 from ..model.registry import Registry, invalid
 from . import hub, local_text
+from .python_docs import default_roots
 
 SOURCES = Registry("data source")
+
+
+def installed_in(roots: list[str]) -> list[str]:
+    """name==version of the distributions installed in the folders the corpus reads. Not sys.path: importing
+    setuptools puts its _vendor folder there mid-run, which would give the next job of a multirun another key."""
+    return sorted({f"{d.metadata['Name']}=={d.version}".lower() for d in importlib.metadata.distributions(path=roots)})
 
 
 @SOURCES.register("python-docs")
@@ -22,9 +29,7 @@ class PythonDocs:
     def __init__(self, cfg, cache_dir: Path):
         self.cap = cfg.max_chars or 20_000_000
         # The text depends on the Python version and on which packages are installed: key the corpus by both.
-        # A set: a distribution reachable through two sys.path entries (an editable install's egg-info beside the
-        # repository, say) must not change the key between jobs of one multirun.
-        installed = sorted({f"{d.metadata['Name']}=={d.version}".lower() for d in importlib.metadata.distributions()})
+        installed = installed_in(default_roots())
         env = hashlib.sha256(json.dumps([sys.version, installed]).encode()).hexdigest()[:12]
         self.corpus = cache_dir / f"python-docs-{env}-{self.cap}.jsonl"
 
