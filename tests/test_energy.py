@@ -11,7 +11,7 @@ from cramming.errors import RunStopped
 from cramming.train import energy
 from cramming.train.energy import EnergyMeter, rapl_counter
 
-RANGE = 1_000_000  # µJ: the fake counters wrap at 1 J
+RANGE = 1_000_000  # µJ: the fake counters' max_energy_range_uj, their largest reading (they wrap 1 µJ later)
 
 
 def fake_powercap(root, packages=2):
@@ -54,22 +54,31 @@ def test_rapl_wrap_around_and_paused_intervals(tmp_path, monkeypatch):
     set_counter(root, 1, 100_000)
     meter.begin(0.0)
     clock.now = 5.0
-    set_counter(root, 0, 200_000)  # wrapped: 0.1 J to the top of the range, then 0.2 J
+    set_counter(root, 0, 200_000)  # wrapped: 0.1 J to the top of the range, 1 µJ back to 0, then 0.2 J
     set_counter(root, 1, 400_000)  # 0.3 J
     meter.sample()
-    assert meter.joules == pytest.approx(0.6)
+    assert meter.joules == pytest.approx(0.600001, abs=1e-9)
     meter.pause()  # a validation: the budget clock stops, and so does the meter
     set_counter(root, 0, 700_000)
     set_counter(root, 1, 900_000)
     meter.sample(force=True)
     meter.resume()
     clock.now = 10.0
-    set_counter(root, 0, 100_000)  # wrapped again: 0.4 J
+    set_counter(root, 0, 100_000)  # wrapped again: 0.4 J and the 1 µJ step from the top back to 0
     meter.stop()
-    assert meter.joules == pytest.approx(1.0)
+    assert meter.joules == pytest.approx(1.000002, abs=1e-9)
     summary = meter.summary(Engine(), torch.device("cpu"), tokens=1000)
-    assert summary == {"energy_kwh": pytest.approx(1.0 / 3.6e6), "joules_per_token": pytest.approx(1e-3),
+    assert summary == {"energy_kwh": pytest.approx(1.000002 / 3.6e6), "joules_per_token": pytest.approx(1.000002e-3),
                        "energy_source": "rapl", "energy_unavailable": None}
+
+
+def test_a_rapl_wrap_spans_the_range_plus_one(tmp_path):
+    """Linux's powercap ABI: energy_uj reads 0..max_energy_range_uj, so the step from the largest reading back to
+    0 is one more microjoule, and a counter that comes back to the same reading has gone round range + 1."""
+    counter, _ = rapl_counter(fake_powercap(tmp_path, packages=1))
+    assert counter.joules((RANGE,), (0,)) * 1e6 == pytest.approx(1)
+    assert counter.joules((RANGE - 5,), (3,)) * 1e6 == pytest.approx(9)
+    assert counter.joules((0,), (RANGE,)) * 1e6 == pytest.approx(RANGE)  # no wrap: the plain difference
 
 
 def test_readings_within_a_second_wait_for_the_next(tmp_path, monkeypatch):

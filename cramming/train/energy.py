@@ -4,7 +4,8 @@
 - CUDA: NVML's total-energy counter of each rank's GPU (millijoules since the driver loaded; Volta and later),
   through the `pynvml` module of the nvidia-ml-py package (pip install 'cramming[energy]'), summed over ranks.
 - CPU: Linux's RAPL counters, `/sys/class/powercap/intel-rapl:<n>/energy_uj` of each package domain (AMD's
-  too), where readable (root only since Linux 5.10). They wrap at `max_energy_range_uj`; the meter reads them at
+  too), where readable (root only since Linux 5.10). They read 0..`max_energy_range_uj` and then wrap to 0, so one
+  wrap spans `max_energy_range_uj` + 1 µJ (the range is the largest reading, not the modulus); the meter reads them at
   least every `SAMPLE_SECONDS` of training, well inside a wrap (tens of minutes at full power). They count the
   whole package, so other programs on the machine count too; one process per machine reads them.
 - Anywhere else: no number (null) and the reason.
@@ -21,21 +22,22 @@ JOULES_PER_KWH = 3.6e6
 
 
 class Rapl:
-    """The package domains of the powercap tree: one energy_uj counter each, wrapping at its range."""
+    """The package domains of the powercap tree: one energy_uj counter each, wrapping past its range to 0."""
 
     source = "rapl"
 
     def __init__(self, domains: list[tuple[Path, int]]):
-        self.domains = domains  # (energy_uj file, max_energy_range_uj)
+        self.domains = domains  # (energy_uj file, max_energy_range_uj: the largest value the counter reads)
 
     def read(self) -> tuple[int, ...]:
         return tuple(int(path.read_text()) for path, _ in self.domains)
 
     def joules(self, before: tuple, after: tuple) -> float:
-        """The energy between two readings, a counter that passed its range having wrapped once."""
+        """The energy between two readings, a counter that passed its range having wrapped once: it reads
+        0..max_energy_range_uj, so one wrap is max_energy_range_uj + 1 µJ."""
         total = 0
-        for (_, span), a, b in zip(self.domains, before, after):
-            total += b - a if b >= a else b + span - a
+        for (_, largest), a, b in zip(self.domains, before, after):
+            total += b - a if b >= a else b + (largest + 1) - a
         return total / 1e6
 
 
