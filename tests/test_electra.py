@@ -43,7 +43,6 @@ def test_the_generator_is_the_discriminator_narrowed():
     assert g.hidden_size // g.num_heads == 64  # the head width stays
     model = tiny()
     assert model.generator.config.hidden_size == 8 and model.encoder.config.hidden_size == 32
-    assert model.generator.decoder.weight is model.generator.encoder.tokens.weight  # tied within the generator
 
 
 def test_only_masked_positions_are_replaced_and_the_targets_say_which_changed():
@@ -95,20 +94,93 @@ def test_sampling_follows_the_generators_distribution_and_the_draws():
     assert (frequencies - probs).abs().max() < 0.03
 
 
-def test_the_detection_loss_trains_the_discriminator_only():
-    """The generator's gradient is its MLM loss's whatever arch.rtd.weight is; the discriminator's is weight x."""
+@pytest.mark.parametrize("tie", [True, False])
+def test_the_detection_loss_trains_the_discriminator_only(tie):
+    """The generator's gradient is its MLM loss's whatever arch.rtd.weight is; the discriminator's is weight x.
+    Shared embeddings get both: the generator's part plus weight x the detection's."""
     grads = {}
-    for weight in (1.0, 10.0):
-        model, batch = tiny(rtd={"weight": weight}), masked_batch()
+    for weight in (0.0, 1.0, 10.0):
+        model, batch = tiny(rtd={"weight": weight, "tie_embeddings": tie}), masked_batch()
         model(**{k: batch[k] for k in ("input_ids", "labels", "replace_draws")}).loss.backward()
         grads[weight] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    shared = [n for n in grads[1.0] if n.startswith(("encoder.tokens.", "encoder.positions.", "encoder.embedding_norm."))
+              ] if tie else []
     generator = [n for n in grads[1.0] if n.startswith("generator.")]
-    discriminator = [n for n in grads[1.0] if n.startswith(("encoder.", "detector."))]
-    assert generator and discriminator
+    discriminator = [n for n in grads[1.0] if n.startswith(("encoder.", "detector.")) and n not in shared]
+    assert generator and discriminator and all(n in grads[1.0] for n in shared)
     for name in generator:
         torch.testing.assert_close(grads[10.0][name], grads[1.0][name])
     for name in discriminator:
         torch.testing.assert_close(grads[10.0][name], 10 * grads[1.0][name], rtol=1e-4, atol=1e-7)
+    for name in shared:
+        assert grads[0.0][name].abs().sum() > 0  # the generator's loss alone reaches the shared embeddings
+        torch.testing.assert_close(grads[10.0][name] - grads[0.0][name], 10 * (grads[1.0][name] - grads[0.0][name]),
+                                   rtol=1e-3, atol=1e-6)
+
+
+def test_the_generator_shares_the_discriminators_embeddings_by_default():
+    """google-research/electra, configure_pretraining.py: `untied_generator_embeddings = False  # tie
+    generator/discriminator`; modeling.py puts the embedding lookup, position embeddings and their layer norm in
+    the "electra/embeddings" scope for both models, at the discriminator's width, and a narrower model adds
+    `dense(embedding_output, hidden_size, name="embeddings_project")`; run_pretraining.get_token_logits maps the
+    generator's output back to the embedding table's width (dense, activation, layer_norm) and multiplies by the
+    table. So the generator's logits are norm(act(W h)) E^T with E the discriminator's token matrix."""
+    model, batch = tiny(bias=True), masked_batch()
+    generator, encoder = model.generator, model.encoder
+    assert generator.encoder.tokens is encoder.tokens and generator.encoder.positions is encoder.positions
+    assert generator.encoder.embedding_norm is encoder.embedding_norm
+    assert generator.decoder.weight is encoder.tokens.weight and encoder.tokens.weight.shape == (VOCAB, 32)
+    project = generator.encoder.embedding_project
+    assert (project.in_features, project.out_features) == (32, 8)
+    ids = batch["input_ids"]
+    with torch.no_grad():
+        embedded = encoder.embedding_norm(encoder.tokens(ids) + encoder.positions(ids.shape[1], 0))
+        manual = generator.encoder.layers[0](project(embedded), None, None)  # the generator's first block
+        hooked = {}
+        generator.encoder.layers[0].register_forward_hook(lambda m, i, o: hooked.setdefault("out", o))
+        hidden = generator.encoder(ids).last_hidden_state
+        torch.testing.assert_close(hooked["out"], manual)
+        dense, act, norm = generator.transform
+        assert (dense.in_features, dense.out_features) == (8, 32)
+        logits = model.generator(ids).logits
+        torch.testing.assert_close(logits, norm(act(dense(hidden))) @ encoder.tokens.weight.T + generator.decoder.bias)
+    # one matrix under two names: the optimizer sees it once
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False) if n.endswith("tokens.weight")]
+    assert names == ["encoder.tokens.weight", "generator.encoder.tokens.weight"]
+    assert sum(p is encoder.tokens.weight for p in model.parameters()) == 1
+
+
+def test_untied_embeddings_are_the_generators_own():
+    model = tiny(rtd={"tie_embeddings": False})
+    generator = model.generator
+    assert generator.encoder.tokens is not model.encoder.tokens and generator.encoder.tokens.weight.shape == (VOCAB, 8)
+    assert generator.decoder.weight is generator.encoder.tokens.weight  # tied within the generator
+    assert isinstance(generator.encoder.embedding_project, torch.nn.Identity)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_saved_model_loads_with_its_ties(tmp_path, tie):
+    model = tiny(bias=True, rtd={"tie_embeddings": tie})
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert ("generator.encoder.tokens.weight" in saved) != tie and "encoder.tokens.weight" in saved
+    loaded = CrammedForReplacedTokenDetection.from_pretrained(tmp_path)
+    assert (loaded.generator.encoder.tokens is loaded.encoder.tokens) == tie
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_a_config_saved_before_the_option_reads_as_untied(tmp_path):
+    """Checkpoints written before arch.rtd.tie_embeddings existed have generators with embeddings of their own."""
+    import json
+
+    tiny(rtd={"tie_embeddings": False}).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rtd"]["tie_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = CrammedForReplacedTokenDetection.from_pretrained(tmp_path)
+    assert loaded.config.rtd.tie_embeddings is False and loaded.generator.encoder.tokens.weight.shape == (VOCAB, 8)
+    assert CrammedConfig(objective="rtd").rtd.tie_embeddings is True  # a new model ties
 
 
 def test_the_loss_is_mlm_plus_weighted_detection():
@@ -145,6 +217,9 @@ def test_flops_count_the_detector_and_the_generator():
     detector = 2 * 32 * 32 + 2 * 32
     assert forward_flops_per_token(model, 12, 0.25) == int(
         discriminator + detector + forward_flops_per_token(model.generator, 12, 0.25))
+    generator = sum(block.flops_per_token(12) for block in model.generator.encoder.layers)
+    project, transform, head = 2 * 32 * 8, 2 * 8 * 32 * 0.25, 2 * 32 * VOCAB * 0.25  # tied: to and from width 32
+    assert forward_flops_per_token(model.generator, 12, 0.25) == int(generator + project + transform + head)
 
 
 def test_a_checkpoint_fine_tunes_the_discriminator(tmp_path):
@@ -184,6 +259,7 @@ def test_resuming_is_bitwise_identical(sigterm_at, tmp_path):  # noqa: F811
     ("arch.rtd.weight=0", "arch.rtd.weight=0.0 is invalid: must be > 0"),
     ("arch.parametrization=mup", "arch.parametrization='mup' is invalid: arch.objective=rtd trains a generator"),
     ("arch.num_layers=3 arch.token_dropping.keep=0.5", "drops tokens in MLM pretraining only, not arch.objective=rtd"),
+    ("arch.tie_embeddings=false", "arch.rtd.tie_embeddings=True is invalid: the generator would predict through"),
 ])
 def test_bad_values_are_one_line(override, fragment):
     with pytest.raises(UserError) as err:

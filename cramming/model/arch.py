@@ -38,8 +38,11 @@ class RTDConfig:
     generator_scale: float = 0.25  # heads (and so width) and FFN of the generator: the discriminator's x this
     generator_layers: int | None = None  # null = arch.num_layers
     weight: float = 50.0  # loss = generator MLM loss + weight x detection loss (ELECTRA's lambda)
+    tie_embeddings: bool = True  # the generator reads and predicts through the discriminator's embeddings
 
     RULES: ClassVar[dict] = {"generator_scale": "(0, 1]", "generator_layers": "> 0 or null", "weight": "> 0"}
+    # What a section saved in config.json before the key existed meant (configuration_crammed.arch_value).
+    SAVED_BEFORE: ClassVar[dict] = {"tie_embeddings": False}
 
 
 @dataclass

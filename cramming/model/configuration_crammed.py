@@ -70,6 +70,8 @@ def arch_value(name: str, kwargs: dict):
         for part in dataclasses.fields(section):  # attention_window=8: the flat spelling
             if f"{name}_{part.name}" in kwargs:
                 given[part.name] = kwargs.pop(f"{name}_{part.name}")
+        if "transformers_version" in kwargs:  # read from a config.json: a key it lacks was saved before it existed
+            given = {**getattr(section, "SAVED_BEFORE", {}), **given}
         defaults = section()
         return section(**{key: as_declared(getattr(defaults, key), value) for key, value in given.items()})
     return as_declared(default, kwargs.pop(name, default))

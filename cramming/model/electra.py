@@ -8,7 +8,14 @@ The sampling is not differentiated through (ELECTRA's choice), so the detection 
 
 The generator is a CrammedForMaskedLM of the same architecture, narrower: arch.rtd.generator_scale of the heads
 (the head width stays, as ELECTRA's generators keep 64-wide heads) and of the FFN, arch.rtd.generator_layers deep.
-It has token embeddings of its own (ELECTRA ties them when the widths match; here they never do).
+
+Its embeddings are the discriminator's (arch.rtd.tie_embeddings, default true), as in google-research/electra,
+whose default `untied_generator_embeddings=False` puts both models' embedding block (token and position
+embeddings and their norm) in one variable scope, at the discriminator's width, also when the generator is narrower;
+the paper reports this tied variant as better. The generator then projects the embeddings to its own width (the
+reference's `embeddings_project`), and its MLM head maps back up (dense, activation, norm, as the reference's
+`get_token_logits`) before the shared token matrix. arch.rtd.tie_embeddings=false gives the generator embeddings
+(and a head) of its own width instead, as checkpoints saved before the option existed have.
 
 Sampling draws one uniform per masked position, `replace_draws`, which the objective takes from the mask's
 positional generator (train/objectives.py), so a resumed run and the validation set see the same replacements.
@@ -25,7 +32,10 @@ from transformers.modeling_outputs import ModelOutput
 from .configuration_crammed import CrammedConfig
 from .losses import head_logits
 from .modeling_crammed import CrammedForMaskedLM, CrammedModel, CrammedPreTrainedModel, _Activation
+from .norms import build_norm
 from .parametrization import mark_hidden
+
+SHARED_EMBEDDINGS = ("tokens", "positions", "embedding_norm")  # the reference's "electra/embeddings" scope
 
 
 def generator_config(config: CrammedConfig) -> CrammedConfig:
@@ -37,7 +47,9 @@ def generator_config(config: CrammedConfig) -> CrammedConfig:
     sizes = {"num_heads": heads, "hidden_size": hidden, "ffn_size": max(1, round(config.ffn_size * hidden /
                                                                                  config.hidden_size)),
              "num_layers": config.rtd.generator_layers or config.num_layers, "objective": "mlm",
-             "token_dropping": {"keep": None}}  # the generator runs whole (arch.token_dropping refuses rtd anyway)
+             "token_dropping": {"keep": None},  # the generator runs whole (arch.token_dropping refuses rtd anyway)
+             # shared embeddings: the parent ties the generator's decoder to the discriminator's tokens instead
+             "tie_embeddings": config.tie_embeddings and not config.rtd.tie_embeddings}
     return CrammedConfig(**{**config.to_dict(), **sizes})
 
 
@@ -69,7 +81,27 @@ class CrammedForReplacedTokenDetection(CrammedPreTrainedModel):
                                       _Activation(config.activation), nn.Linear(config.hidden_size, 1))
         mark_hidden(self.detector[0])
         self.generator = CrammedForMaskedLM(generator_config(config))
+        if config.rtd.tie_embeddings:
+            self.share_embeddings()
         self.post_init()
+
+    def share_embeddings(self) -> None:
+        """The generator reads through the discriminator's embedding block, projected to its width, and predicts
+        through the shared token matrix from a head that maps back to the embedding width (module docstring)."""
+        config, generator = self.config, self.generator
+        width, own = config.hidden_size, generator.config.hidden_size
+        tied = {"generator.decoder.weight": "encoder.tokens.weight"}
+        for name in SHARED_EMBEDDINGS:
+            module = getattr(self.encoder, name)
+            setattr(generator.encoder, name, module)
+            tied |= {f"generator.encoder.{name}.{key}": f"encoder.{name}.{key}"
+                     for key, _ in (module.named_parameters() if module is not None else ())}
+        if own != width:
+            generator.encoder.embedding_project = nn.Linear(width, own, bias=config.bias)
+        generator.transform = nn.Sequential(nn.Linear(own, width, bias=config.bias), _Activation(config.activation),
+                                            build_norm(config))
+        generator.decoder = nn.Linear(width, config.vocab_size, bias=config.bias)
+        self._tied_weights_keys = tied  # saved once, under the discriminator's names
 
     def forward(self, input_ids, attention_mask=None, labels=None, replace_draws=None, return_dict=None,
                 **unused) -> ReplacedTokenDetectionOutput:

@@ -90,6 +90,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.positions = positions.embedding(config)
         self.embedding_norm = build_norm(config) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.hidden_dropout)
+        self.embedding_project = nn.Identity()  # embeddings of another width, shared (ELECTRA's generator): to ours
         self.layers = nn.ModuleList(build_layers(config))
         mark_hidden(self.layers)  # arch.parametrization scales their init (inits.py) and lr (train/optim.py)
         # A score bias shared by all layers (T5's relative-position bias), computed once per forward (rpe_cache)
@@ -118,7 +119,7 @@ class CrammedModel(CrammedPreTrainedModel):
         pos = self.positions(seq_len, past)
         if pos is not None:
             x = x + pos.to(x.dtype)
-        x = self.dropout(self.embedding_norm(x))
+        x = self.embedding_project(self.dropout(self.embedding_norm(x)))
         # A mask of all ones is the same as no mask; skipping it keeps the fused attention paths.
         key_padding_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):

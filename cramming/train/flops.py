@@ -1,5 +1,7 @@
 """FLOPs per token, counted from the model that was built, so structured linear layers count their own."""
 
+from torch import nn
+
 from ..model.token_dropping import dropping_layers, kept_count
 
 
@@ -9,7 +11,8 @@ def forward_flops_per_token(model, seq_len: int, predicted_share: float = 1.0) -
     attention), and the output head on the share of tokens it sees (the sparse MLM head: only the masked ones).
     With arch.token_dropping the dropping layers count at the k tokens they see: k / seq_len of the tokens, each
     attending to k keys. Training is ~3x this. objective=rtd (model/electra.py): the detector on every token
-    instead of a vocabulary head, plus the whole generator."""
+    instead of a vocabulary head, plus the whole generator (with its embedding projection and its head's transform
+    back to the shared embeddings' width, arch.rtd.tie_embeddings)."""
     c = model.config
     dropping = dropping_layers(c) or range(0)
     k = kept_count(c.token_dropping.keep, seq_len) if dropping else seq_len
@@ -18,5 +21,14 @@ def forward_flops_per_token(model, seq_len: int, predicted_share: float = 1.0) -
     if getattr(model, "generator", None) is not None:
         detector = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size
         return int(blocks + detector + forward_flops_per_token(model.generator, seq_len, predicted_share))
-    head = 2 * c.hidden_size * c.vocab_size * predicted_share
-    return int(blocks + head)
+    head = 2 * model.decoder.in_features * c.vocab_size * predicted_share
+    return int(blocks + head + linear_flops(model.encoder.embedding_project)
+               + linear_flops(getattr(model, "transform", None)) * predicted_share)
+
+
+def linear_flops(module) -> int:
+    """2 x in x out for each dense projection in a module outside the blocks (a head transform, an embedding
+    projection), per token it sees."""
+    if module is None:
+        return 0
+    return sum(2 * m.in_features * m.out_features for m in module.modules() if isinstance(m, nn.Linear))

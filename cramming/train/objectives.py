@@ -87,6 +87,10 @@ class ReplacedTokenDetection(MaskedLM):
         if config.arch.parametrization != "standard":
             return invalid("arch.parametrization", config.arch.parametrization, "arch.objective=rtd trains a "
                            "generator of another width, which muP would scale by the discriminator's; use standard")
+        if config.arch.rtd.tie_embeddings and not config.arch.tie_embeddings:
+            return invalid("arch.rtd.tie_embeddings", True, "the generator would predict through the shared token "
+                           "embeddings, which arch.tie_embeddings=false unties from every head; set "
+                           "arch.rtd.tie_embeddings=false (or arch.tie_embeddings=true)")
         return None
 
 
