@@ -38,7 +38,7 @@ from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
 from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.state import TrainState
-from .train.trainer import Budget, Trainer
+from .train.trainer import Budget, Parts, Trainer
 
 
 def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
@@ -186,12 +186,15 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
 
     log = MetricsLog.for_run(run_dir, config) if engine.main else SilentLog()
     every = config.train.validate_every_minutes
-    trainer = Trainer(step_model, optimizer, scaler, engine, objective, PositionalMasks(config.seed, runtime.device),
-                      batches, checkpointer, log, config.train, meta, microbatch,
-                      Budget(config.budget * 3600, config.train.max_steps), runtime.device, runtime.autocast(),
-                      PeriodicValidation(every, measure) if every else None, averaging,
-                      EnergyMeter.for_device(runtime.device, engine.local_rank))
-    result, final, validating = fit(trainer, state, measure, log)
+    parts = Parts(model=step_model, optimizer=optimizer, scaler=scaler, engine=engine, objective=objective,
+                  masks=PositionalMasks(config.seed, runtime.device), batches=batches, checkpointer=checkpointer,
+                  log=log)
+    energy = EnergyMeter.for_device(runtime.device, engine.local_rank)
+    validation = PeriodicValidation(every, measure) if every else None
+    trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
+                      microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
+                      autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])
+    result, final, validating = fit(trainer, state, measure, log, validation)
     say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
         f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
     rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
@@ -200,7 +203,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     seconds = {"setup": setup_seconds, "eval": eval_seconds + validating + time.time() - started}
     summary = summarize(config, runtime, engine, parameters, flops, result, final, state.untrained, seconds,
                         resumed_from, folder, meta)
-    summary.update(trainer.energy.summary(engine, runtime.device, result["tokens"]))
+    summary.update(energy.summary(engine, runtime.device, result["tokens"]))
     summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
     save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
     return summary
@@ -230,13 +233,13 @@ def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective
             "checkpoint": str(path)}
 
 
-def fit(trainer, state, measure, log) -> tuple[dict, dict, float]:
+def fit(trainer, state, measure, log, validation) -> tuple[dict, dict, float]:
     """The budget loop, then the final validation: its result, the final metrics and the seconds validating."""
     try:
         result = trainer.fit(state)
         started = time.time()
         final = measure()
-        seconds = time.time() - started + (trainer.validation.seconds if trainer.validation else 0.0)
+        seconds = time.time() - started + (validation.seconds if validation else 0.0)
         log.log({"step": result["steps"], **final})
     finally:
         log.close()

@@ -21,8 +21,9 @@ from cramming.train.masking import PositionalMasks
 from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
 from cramming.train.resume import Checkpointer
+from cramming.train.hooks import Hook
 from cramming.train.state import TrainState
-from cramming.train.trainer import Budget, Trainer
+from cramming.train.trainer import Budget, Parts, Trainer
 
 
 class ListLog:
@@ -41,7 +42,7 @@ def sanity_data(tmp_path_factory):
 
 
 def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-never-written", precision="fp32",
-        log=None, save_first=False, validation=None):
+        log=None, save_first=False, validation=None, hooks=()):
     """Train a tiny model in-process; `save_first` writes a checkpoint before the first step (as pretraining does
     for train.nonfinite=rollback)."""
     folder, meta = data
@@ -61,8 +62,10 @@ def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-nev
     state = TrainState()
     if save_first:
         checkpointer.save(model, optimizer, scaler, state)
-    trainer = Trainer(model, optimizer, scaler, Engine(), objective, masks, batches, checkpointer, log, train_cfg,
-                      meta, microbatch, budget, cpu, runtime.autocast(), validation)
+    parts = Parts(model=model, optimizer=optimizer, scaler=scaler, engine=Engine(), objective=objective, masks=masks,
+                  batches=batches, checkpointer=checkpointer, log=log)
+    trainer = Trainer(parts=parts, cfg=train_cfg, budget=budget, microbatch=microbatch, seq_length=meta["seq_length"],
+                      device=cpu, autocast=runtime.autocast(), hooks=[*([validation] if validation else []), *hooks])
     result = trainer.fit(state)
     return result, log.records
 
@@ -218,3 +221,56 @@ def test_the_summary_reports_the_kernels_autotune_seconds(tmp_path, monkeypatch)
     summary = pretrain(config_for(*TINY, "train.max_steps=2", "train.batch_size=8",
                                   "train.schedule=step-constant"), tmp_path)
     assert summary["wall_seconds"]["autotune"] == 12.346
+
+
+class Recorder(Hook):
+    """Writes down each moment the loop calls it at."""
+
+    def __init__(self):
+        self.moments = []
+
+    def on_begin(self, trainer, state):
+        self.moments.append("begin")
+
+    def on_step(self, trainer, state):
+        self.moments.append(f"step {state.step}")
+
+    def on_between(self, trainer, state):
+        self.moments.append("between")
+
+    def on_pause(self):
+        self.moments.append("pause")
+
+    def on_resume(self):
+        self.moments.append("resume")
+
+    def on_end(self, trainer, state):
+        self.moments.append("end")
+
+
+def test_hooks_are_called_in_turn_at_their_moments(sanity_data):
+    """The loop's protocol (train/hooks.py): begin, then per applied step `on_step` and `on_between`, a pause
+    and resume around every validation (an earlier hook's time that is not budget time), end last."""
+    import time
+
+    from cramming.train.validation import PeriodicValidation
+
+    recorder = Recorder()
+    validation = PeriodicValidation(1e-9, lambda: time.sleep(0.01) or {"val_loss": 1.0})  # due after every step
+    cfg = TrainConfig(batch_size=8, batch_ramp=0.0, max_steps=3)
+    result, records = run(sanity_data, Budget(seconds=3600, max_steps=3), cfg, validation=validation,
+                          hooks=[recorder])
+    assert result["steps"] == 3
+    # the first check only marks where the clock is; then the validation (the first hook) pauses every hook
+    validated = ["pause", "resume", "between"]
+    assert recorder.moments == ["begin", "step 1", "between", "step 2", *validated, "step 3", *validated, "end"]
+    assert sum(r.get("event") == "validation" for r in records) == 2
+
+
+def test_a_nonfinite_policy_returns_the_action_the_trainer_carries_out():
+    from cramming.train.nonfinite import NONFINITE, Halt, Rollback, Skip
+
+    cfg = TrainConfig(max_skipped=7, rollback_lr_factor=0.25)
+    assert NONFINITE["skip"](cfg) == Skip(7)
+    assert NONFINITE["rollback"](cfg) == Rollback(0.25)
+    assert isinstance(NONFINITE["halt"](cfg), Halt)

@@ -19,14 +19,16 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..engines import ENGINES
 from ..model.registry import Registry, invalid
+from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
 AVERAGING["none"] = None  # nothing averaged, nothing more saved
 
 
-class Averager:
+class Averager(Hook):
     """What ema and lawa share: the parameters they follow (the unwrapped model's, in named order), the swap
-    that puts the average into the model for validation and the final checkpoint, and the resume state."""
+    that puts the average into the model for validation and the final checkpoint, and the resume state. The loop
+    calls it as a hook (hooks.py): an update after each applied step, a restore after a rollback."""
 
     name = ""
 
@@ -52,6 +54,12 @@ class Averager:
     def update(self, step: int, fraction: float) -> None:
         """After each applied optimizer step; `fraction` is the budget fraction all ranks agree on."""
         raise NotImplementedError
+
+    def on_step(self, trainer, state) -> None:  # the fraction from the clock all ranks agreed on last
+        self.update(state.step, trainer.budget.fraction(state.elapsed, state.step))
+
+    def on_rollback(self, saved: dict, path) -> None:
+        self.load_state_dict(saved.get("averaging"), path)
 
     def finish(self, step: int) -> None:
         """Once training is over, before the average is used."""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from .hooks import Hook
+
 POWERCAP = Path("/sys/class/powercap")
 SAMPLE_SECONDS = 1.0  # the loop reads the counter at most this often (and at every pause and at the end)
 JOULES_PER_KWH = 3.6e6
@@ -116,10 +118,12 @@ class Quiet:
         return 0.0
 
 
-class EnergyMeter:
+class EnergyMeter(Hook):
     """Joules while the budget clock runs: `begin` when the loop starts, `sample` between steps, `pause` and
     `resume` around a validation, `stop` at the end. `prior` is what earlier launches of the run measured
-    (TrainState.energy_joules, all ranks); None there means one could not, so the run's total is unknown."""
+    (TrainState.energy_joules, all ranks); None there means one could not, so the run's total is unknown.
+    As the loop's hook (hooks.py) it does each of those at its moment, and puts the run's joules so far into
+    every checkpoint, for a resumed launch to go on from."""
 
     def __init__(self, counter, reason: str | None, clock=time.perf_counter):
         self.counter, self.reason, self.clock = counter, reason, clock
@@ -155,6 +159,25 @@ class EnergyMeter:
         self.last = None
 
     stop = pause
+
+    def on_begin(self, trainer, state) -> None:
+        self.begin(state.energy_joules)
+
+    def on_between(self, trainer, state) -> None:
+        self.sample()
+
+    def on_checkpoint(self, trainer, state) -> None:
+        self.sample(force=True)
+        state.energy_joules = self.run_joules(trainer.parts.engine, trainer.device)
+
+    def on_pause(self) -> None:
+        self.pause()
+
+    def on_resume(self) -> None:
+        self.resume()
+
+    def on_end(self, trainer, state) -> None:
+        self.stop()
 
     def run_joules(self, engine, device) -> float | None:
         """Earlier launches' joules plus this launch's on every rank (collective: every rank calls it)."""

@@ -4,6 +4,7 @@ targets in validation. The model computes the loss; this only prepares its input
 objective once, as `CrammedConfig.causal`."""
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -13,6 +14,16 @@ from ..model.registry import Registry, invalid
 from .masking import mask_tokens
 
 OBJECTIVES = Registry("objective")
+
+
+class Objective(Protocol):
+    """What the loop and validation ask of an objective."""
+
+    def batch(self, ids: torch.Tensor, generator) -> dict:
+        """The model's keyword arguments for a batch of packed ids, masks drawn from `generator`."""
+
+    def scored(self, out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predictions and the targets they score against (validation accuracy)."""
 
 
 @OBJECTIVES.register("mlm")

@@ -3,6 +3,7 @@
 import torch
 
 from ..data.loader import validation_batches
+from .hooks import Hook
 from .masking import PositionalMasks
 
 VALIDATION_SEED = 1234
@@ -31,7 +32,7 @@ def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: in
     return {"val_loss": total_loss / count, "val_accuracy": correct / count, "val_predicted_tokens": count}
 
 
-class PeriodicValidation:
+class PeriodicValidation(Hook):
     """train.validate_every_minutes: the validation loss during the run, for loss-by-time curves and time-to-loss.
     It is due each time the budget clock passes another multiple of the interval; the clock pauses while it
     runs, so validating costs wall time but no training. `measure` returns validation_metrics' dict."""
@@ -49,3 +50,12 @@ class PeriodicValidation:
             self.passed = passed
         due, self.passed = passed > self.passed, max(passed, self.passed)
         return due
+
+    def on_between(self, trainer, state) -> None:
+        if not self.due(state.elapsed):
+            return
+        with trainer.paused() as pause:
+            record = self.measure()
+        self.seconds += pause.seconds
+        trainer.parts.log.log({"step": state.step, "event": "validation", "tokens": state.tokens,
+                               "elapsed_s": round(state.elapsed, 6), **record})
