@@ -12,8 +12,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
+from .schema import register
 from .model.registry import invalid
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
+
+
+CACHE_ENV, CACHE_DEFAULT = "CRAMMING_CACHE", ".cache/cramming"  # data.cache_dir's default
 
 
 @dataclass
@@ -51,8 +55,8 @@ class DataConfig:
     filter_threshold: float | None = None  # keep a document only if tokens / characters < threshold
     dedup: bool = True
     ordering: str = "random"  # random | sentence-length
-    # $CRAMMING_CACHE, else .cache/cramming under the working directory (conf/data/python-docs.yaml says the same)
-    cache_dir: str = field(default_factory=lambda: os.environ.get("CRAMMING_CACHE", ".cache/cramming"))
+    # prepared data: $CRAMMING_CACHE, else .cache/cramming under the working directory
+    cache_dir: str = field(default_factory=lambda: os.environ.get(CACHE_ENV, CACHE_DEFAULT))
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     RULES: ClassVar[dict] = {"seq_length": ">= 8", "vocab_size": ">= 64", "validation_fraction": "(0, 0.5)",
@@ -153,6 +157,9 @@ class PretrainConfig:
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     RULES: ClassVar[dict] = {"budget": "> 0", "sweep_objective": ("val_loss", "glue_average")}
+
+
+register("pretrain_schema", PretrainConfig, late={"data.cache_dir": f"${{oc.env:{CACHE_ENV},{CACHE_DEFAULT}}}"})
 
 
 def load_config(cfg: DictConfig) -> PretrainConfig:

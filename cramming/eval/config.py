@@ -7,6 +7,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ImplConfig, check, check_choice
 from ..errors import UserError
+from ..schema import register
 from .tasks import GLUE_SET
 
 
@@ -56,6 +57,9 @@ class EvalRunConfig:
     seed: int = 0
     eval: EvalConfig = field(default_factory=EvalConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
+
+
+register("eval_schema", EvalRunConfig)
 
 
 def load_eval_config(cfg: DictConfig) -> EvalRunConfig:
