@@ -36,6 +36,16 @@ if not OmegaConf.has_resolver("cramming_groups"):
     OmegaConf.register_new_resolver("cramming_groups", groups_help)
 
 
+def register_schemas() -> None:
+    """Both commands' schema nodes, which conf/pretrain.yaml and conf/eval.yaml compose onto first: importing the
+    schema modules stores them (cramming/schema.py), so whatever composes through here finds both."""
+    from . import config  # noqa: F401
+    from .eval import config as eval_config  # noqa: F401
+
+
+register_schemas()
+
+
 def _quoted(pattern: str, text: str) -> str | None:
     match = re.search(pattern, text)
     return match.group(1) if match else None
