@@ -32,8 +32,17 @@ def groups_help(*names: str) -> str:
     return "\n".join(f"  {g.ljust(width)}  {', '.join(group_options(g))}" for g in names)
 
 
+def keys_help(command: str, *keys: str) -> str:
+    """`${cramming_keys:pretrain,budget,seed}` in a help template: those keys' defaults and meanings, read from
+    the schema like docs/options.md (cramming/options_doc.py)."""
+    from .options_doc import help_lines
+
+    return help_lines(command, *keys)
+
+
 if not OmegaConf.has_resolver("cramming_groups"):
     OmegaConf.register_new_resolver("cramming_groups", groups_help)
+    OmegaConf.register_new_resolver("cramming_keys", keys_help)
 
 
 def register_schemas() -> None:
