@@ -32,8 +32,27 @@ def groups_help(*names: str) -> str:
     return "\n".join(f"  {g.ljust(width)}  {', '.join(group_options(g))}" for g in names)
 
 
+def keys_help(command: str, *keys: str) -> str:
+    """`${cramming_keys:pretrain,budget,seed}` in a help template: those keys' defaults and meanings, read from
+    the schema like docs/options.md (cramming/options_doc.py)."""
+    from .options_doc import help_lines
+
+    return help_lines(command, *keys)
+
+
 if not OmegaConf.has_resolver("cramming_groups"):
     OmegaConf.register_new_resolver("cramming_groups", groups_help)
+    OmegaConf.register_new_resolver("cramming_keys", keys_help)
+
+
+def register_schemas() -> None:
+    """Both commands' schema nodes, which conf/pretrain.yaml and conf/eval.yaml compose onto first: importing the
+    schema modules stores them (cramming/schema.py), so whatever composes through here finds both."""
+    from . import config  # noqa: F401
+    from .eval import config as eval_config  # noqa: F401
+
+
+register_schemas()
 
 
 def _quoted(pattern: str, text: str) -> str | None:

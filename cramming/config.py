@@ -12,8 +12,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
+from .schema import register
 from .model.registry import invalid
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
+
+
+CACHE_ENV, CACHE_DEFAULT = "CRAMMING_CACHE", ".cache/cramming"  # data.cache_dir's default
 
 
 @dataclass
@@ -26,7 +30,7 @@ class HubSource:
 
 @dataclass
 class TokenizerConfig:
-    kind: str = "wordpiece"  # wordpiece | bpe | unigram | a Hugging Face tokenizer name or folder
+    kind: str = "wordpiece"  # wordpiece, bpe, unigram, or a Hugging Face tokenizer name or folder
     train_max_chars: int = 100_000_000  # text used to learn the vocabulary
 
     RULES: ClassVar[dict] = {"train_max_chars": "> 0"}  # what each plain option accepts (cramming/rules.py)
@@ -34,25 +38,25 @@ class TokenizerConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "python-docs"  # python-docs | local-text | hub | sanity
+    source: str = "python-docs"  # where the text comes from
     path: str | None = None  # local-text: a file, folder or glob
     text_field: str = "text"  # local-text: the field of .jsonl/.json/.parquet/.csv files
     encoding: str = "utf-8"  # local-text: how text, .jsonl, .json and .csv files are decoded (parquet is UTF-8)
-    encoding_errors: str = "strict"  # strict | replace | ignore: what an undecodable byte does
-    hub: list[HubSource] = field(default_factory=list)
-    seq_length: int = 128
-    vocab_size: int = 32768
-    lowercase: bool = True
-    strip_accents: bool = True
-    ascii_only: bool = True
+    encoding_errors: str = "strict"  # local-text: what an undecodable byte does
+    hub: list[HubSource] = field(default_factory=list)  # source=hub: the datasets streamed, in order
+    seq_length: int = 128  # tokens per training sequence
+    vocab_size: int = 32768  # the tokenizer's vocabulary, learned from the data
+    lowercase: bool = True  # the tokenizer lowercases
+    strip_accents: bool = True  # the tokenizer strips accents (after NFD)
+    ascii_only: bool = True  # the tokenizer drops non-ASCII characters
     max_chars: int | None = None  # stop reading the source after this many characters
     max_tokens: int | None = None  # stop tokenizing after this many tokens
-    validation_fraction: float = 0.01
+    validation_fraction: float = 0.01  # share of the sequences held out for the validation loss
     filter_threshold: float | None = None  # keep a document only if tokens / characters < threshold
-    dedup: bool = True
-    ordering: str = "random"  # random | sentence-length
-    # $CRAMMING_CACHE, else .cache/cramming under the working directory (conf/data/python-docs.yaml says the same)
-    cache_dir: str = field(default_factory=lambda: os.environ.get("CRAMMING_CACHE", ".cache/cramming"))
+    dedup: bool = True  # drop exact duplicate documents
+    ordering: str = "random"  # the training order: random, or sorted by sentence count (Cramming's curriculum)
+    # prepared data: $CRAMMING_CACHE, else .cache/cramming under the working directory
+    cache_dir: str = field(default_factory=lambda: os.environ.get(CACHE_ENV, CACHE_DEFAULT))
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     RULES: ClassVar[dict] = {"seq_length": ">= 8", "vocab_size": ">= 64", "validation_fraction": "(0, 0.5)",
@@ -61,44 +65,44 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"  # adamw | lion | muon | sgd (lr, betas, eps, weight_decay: train.*)
+    name: str = "adamw"  # the optimizer (lr, betas, eps, weight_decay: train.*)
     momentum: float = 0.9  # sgd
     nesterov: bool = True  # sgd, muon
     muon_lr: float = 0.02  # muon: peak lr of the hidden matrices (the rest use train.lr with AdamW)
-    muon_momentum: float = 0.95
+    muon_momentum: float = 0.95  # muon: momentum of the hidden matrices
 
 
 @dataclass
 class TrainConfig:
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-12
-    weight_decay: float = 0.01
-    grad_clip: float | None = 0.5
+    lr: float = 1e-3  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.98)  # Adam's (and Lion's) betas
+    eps: float = 1e-12  # Adam's epsilon
+    weight_decay: float = 0.01  # decoupled weight decay (not on biases and norms)
+    grad_clip: float | None = 0.5  # clip the gradient norm at this; null = off
     batch_size: int = 8192  # sequences per optimizer step, reached at the end of the ramp
     batch_ramp: float = 0.6  # budget fraction over which the batch grows linearly; 0 = full batch from the start
-    schedule: str = "budget-triangle"  # budget-{triangle,cosine,linear,wsd}, constant; step-* twins need max_steps
+    schedule: str = "budget-triangle"  # the learning-rate schedule; step-* ones need max_steps
     warmup: float = 0.1  # cosine, linear, wsd: share of the run spent warming up linearly from 0
     cooldown: float = 0.2  # wsd: final share of the run decaying linearly to 0
     seq_schedule: list | None = None  # [[budget_fraction, seq_length], ...]; null = data.seq_length
     optim: OptimConfig = field(default_factory=OptimConfig)
     max_steps: int | None = None  # null = the budget alone ends the run
-    mask_prob: float = 0.25
+    mask_prob: float = 0.25  # mlm: share of each sequence's tokens masked
     mask_token_share: float = 0.8  # of the masked positions: [MASK]; the rest split evenly random / unchanged
-    validation_sequences: int = 2048
+    validation_sequences: int = 2048  # sequences of the validation loss
     validate_every_minutes: float | None = None  # also validate during the run (clock paused); null = start and end
-    log_every: int = 1
-    tensorboard: bool = False
-    wandb: str = "off"  # off | offline (files under <run>/wandb, no network) | online; needs the wandb extra
-    wandb_project: str = "cramming"
+    log_every: int = 1  # log a metrics line every this many steps
+    tensorboard: bool = False  # also write the scalars to <run>/tensorboard (the tensorboard extra)
+    wandb: str = "off"  # W&B: off, offline (<run>/wandb, no network) or online; wandb extra
+    wandb_project: str = "cramming"  # W&B project; the run is named by `name`
     checkpoint_every_minutes: float | None = 30.0  # null = only when stopped by a signal
-    keep_checkpoints: int = 2
-    resume: str = "auto"  # auto | never | a checkpoints/step-<n> folder
-    nonfinite: str = "skip"  # skip | halt | rollback
+    keep_checkpoints: int = 2  # checkpoints kept (the oldest are deleted)
+    resume: str = "auto"  # auto (the newest complete checkpoint of the run), never, or a checkpoints/step-<n> folder
+    nonfinite: str = "skip"  # what a non-finite loss or gradient does
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
     window_schedule: list | None = None  # [[budget_fraction, window], ...]: the local/stepped window grows with the run
-    averaging: str = "none"  # none | ema | lawa: averaged weights, saved as <run>/final-<kind>/ too (train/averaging.py)
+    averaging: str = "none"  # averaged weights, saved as <run>/final-<kind>/ too (train/averaging.py)
     ema_decay: float = 0.999  # ema: shadow = decay * shadow + (1 - decay) * weights after each step
     lawa_k: int = 5  # lawa: the latest k snapshots are averaged
     lawa_every_fraction: float = 0.05  # lawa: a snapshot each time this share of the budget passes
@@ -115,24 +119,24 @@ class TrainConfig:
 @dataclass
 class DeepSpeedConfig:
     """Read under impl.distributed=deepspeed (cramming/engines/deepspeed.py)."""
-    zero_stage: int = 1  # 0 | 1 (optimizer state sharded) | 2 (and gradients)
+    zero_stage: int = 1  # 0, 1 (optimizer state sharded) or 2 (and gradients)
     onebit_adam: bool = False  # DeepSpeed's 1-bit Adam instead of train.optim: needs zero_stage=0 and CUDA
     freeze_step: int = 1000  # 1-bit Adam: steps of plain Adam (the variance warm-up) before compressing
 
 
 @dataclass
 class ImplConfig:
-    device: str = "auto"  # auto | cuda | cpu
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    device: str = "auto"  # where to run; auto = cuda if present
+    precision: str = "auto"  # auto = bf16 autocast on cuda, fp32 on cpu
     compile: bool | None = None  # null = on for cuda, off for cpu
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
-    attention: str = "auto"  # auto | triton | sdpa | eager; auto = triton on CUDA, sdpa elsewhere
-    rotary: str = "auto"  # auto | triton | torch; auto = triton on CUDA, torch elsewhere
-    loss: str = "auto"  # auto | fused | plain: the training loss's head; auto = fused on CPU, plain on CUDA
-    num_workers: int = 0
-    distributed: str = "auto"  # auto | none | ddp | fsdp2 | deepspeed; auto = ddp under torchrun, none otherwise
+    attention: str = "auto"  # the attention kernel; auto = triton on CUDA, sdpa elsewhere
+    rotary: str = "auto"  # the rotary kernel; auto = triton on CUDA, torch elsewhere
+    loss: str = "auto"  # the loss head (fused: in chunks); auto = fused on CPU, plain on CUDA
+    num_workers: int = 0  # data loader worker processes
+    distributed: str = "auto"  # multi-process engine; auto = ddp under torchrun, else none
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs (impl.py)
+    compile_mode: str = "default"  # torch.compile's mode (impl.py)
 
     RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16"),
                              "num_workers": ">= 0"}
@@ -140,19 +144,23 @@ class ImplConfig:
 
 @dataclass
 class PretrainConfig:
-    name: str = "default"
-    seed: int = 0
-    budget: float = 24.0  # wall-clock hours of training
-    dryrun: bool = False
+    name: str = "default"  # the run's name: its folder is outputs/<name>/<date>
+    seed: int = 0  # one seed for model init, data order and masking
+    budget: float = 24.0  # wall-clock hours of training; the clock starts after data preparation and model build
+    dryrun: bool = False  # check the config and build the model, then stop
     eval_after: bool = False  # fine-tune the fresh checkpoint with eval.py's recipe (cramming/sweep.py)
     eval_overrides: list[str] = field(default_factory=list)  # eval.py overrides for eval_after
-    sweep_objective: str = "val_loss"  # val_loss | glue_average: what the run returns to a sweeper
+    sweep_objective: str = "val_loss"  # what the run returns to a sweeper (glue_average needs eval_after)
     arch: ArchConfig = field(default_factory=ArchConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
 
     RULES: ClassVar[dict] = {"budget": "> 0", "sweep_objective": ("val_loss", "glue_average")}
+
+
+LATE_DEFAULTS = {"data.cache_dir": f"${{oc.env:{CACHE_ENV},{CACHE_DEFAULT}}}"}  # read at composition, not import
+register("pretrain_schema", PretrainConfig, late=LATE_DEFAULTS)
 
 
 def load_config(cfg: DictConfig) -> PretrainConfig:

@@ -7,6 +7,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ImplConfig, check, check_choice
 from ..errors import UserError
+from ..schema import register
 from .tasks import GLUE_SET
 
 
@@ -14,48 +15,51 @@ from .tasks import GLUE_SET
 class Recipe:
     """Cramming's GLUE fine-tuning recipe; every key can be changed per task under `eval.per_task`."""
 
-    lr: float = 4e-5
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
-    weight_decay: float = 0.0
-    schedule: str = "cosine"  # cosine | linear | constant (after the warm-up)
-    warmup_fraction: float = 0.1
-    epochs: int = 5
-    batch_size: int = 16
-    max_length: int = 128
-    dropout: float = 0.1
-    grad_clip: float | None = None
+    lr: float = 4e-5  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.98)  # AdamW's betas
+    eps: float = 1e-6  # AdamW's epsilon
+    weight_decay: float = 0.0  # AdamW's weight decay
+    schedule: str = "cosine"  # the learning-rate shape after the warm-up
+    warmup_fraction: float = 0.1  # share of the steps warming up linearly
+    epochs: int = 5  # passes over the task's training set
+    batch_size: int = 16  # examples per step
+    max_length: int = 128  # tokens per example (longer ones are cut)
+    dropout: float = 0.1  # hidden and attention dropout while fine-tuning
+    grad_clip: float | None = None  # clip the gradient norm at this; null = off
 
 
 @dataclass
 class EvalConfig:
-    kind: str = "glue"  # glue | superglue | custom (benchmarks.BENCHMARKS)
-    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))
+    kind: str = "glue"  # the benchmark
+    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py)
     data_dir: str | None = None  # a glue_data/ (or SuperGLUE) folder; null = the hub (nyu-mll/glue, aps/super_glue)
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
     include_wnli: bool = False  # count WNLI in the GLUE average
     skip_missing: bool = False  # skip (and report) tasks whose data cannot be loaded instead of stopping
-    results_table: str = "outputs/eval/results.csv"
+    results_table: str = "outputs/eval/results.csv"  # a CSV that gets one row per evaluated model
     recipe: Recipe = field(default_factory=Recipe)
-    per_task: dict[str, dict] = field(default_factory=dict)  # e.g. {rte: {epochs: 10}}
+    per_task: dict[str, dict] = field(default_factory=dict)  # recipe keys per task, e.g. {rte: {epochs: 10}}
     # eval=custom
-    train_file: str | None = None
-    dev_file: str | None = None
-    text_fields: list[str] = field(default_factory=list)
-    label_field: str = "label"
-    task_type: str | None = None  # classification | regression | null = inferred
+    train_file: str | None = None  # eval=custom: the training file (CSV, TSV or JSONL with a header)
+    dev_file: str | None = None  # eval=custom: the dev file
+    text_fields: list[str] = field(default_factory=list)  # eval=custom: one or two text columns
+    label_field: str = "label"  # eval=custom: the label column
+    task_type: str | None = None  # eval=custom: classification or regression; null = inferred from the labels
 
 
 @dataclass
 class EvalRunConfig:
-    checkpoint: str | None = None
+    checkpoint: str | None = None  # the checkpoint folder to fine-tune (pretrain.py prints it last)
     name: str | None = None  # find the newest complete checkpoint of this pretraining run instead
     runs_dir: str = "outputs"  # where pretrain.py wrote its runs
-    seed: int = 0
+    seed: int = 0  # the base seed of the fine-tuning runs
     eval: EvalConfig = field(default_factory=EvalConfig)
     impl: ImplConfig = field(default_factory=ImplConfig)
+
+
+register("eval_schema", EvalRunConfig)
 
 
 def load_eval_config(cfg: DictConfig) -> EvalRunConfig:

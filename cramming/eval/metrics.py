@@ -14,7 +14,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy.stats import rankdata
 
-GLUE_KEYS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli-m", "mnli-mm", "qnli", "rte", "wnli")
+from .tasks import GLUE_KEYS  # glue_average's score keys, from the one table of GLUE's tasks
+
 # The harmonic mean is undefined at <= 0 (Matthews can be 0 or negative): scores are clipped up to this
 # floor, in percent, so one failed task drags the harmonic mean down hard instead of breaking it.
 HARMONIC_FLOOR = 1.0

@@ -7,17 +7,16 @@ from pathlib import Path
 from ..atomic import atomic_open, locked
 from .metrics import glue_average
 
-# The GLUE paper's column order; each column is a key of glue_average's task scores.
-COLUMNS = [("MNLI-m", "mnli-m"), ("MNLI-mm", "mnli-mm"), ("QQP", "qqp"), ("QNLI", "qnli"), ("SST-2", "sst2"),
-           ("CoLA", "cola"), ("STS-B", "stsb"), ("MRPC", "mrpc"), ("RTE", "rte"), ("WNLI", "wnli")]
+from .tasks import GLUE_COLUMNS as COLUMNS  # the GLUE paper's order; each column a key of glue_average's scores
+from .tasks import GLUE_TASKS
 
 
 def score_key(task: str, split: str) -> str:
     """The column a task's dev split feeds: MNLI's two dev sets are two columns; SuperGLUE's diagnostics, extra
     splits of RTE, are their own."""
-    if task == "mnli":
-        return {"matched": "mnli-m", "mismatched": "mnli-mm"}[split]
-    return task if split == "dev" else split
+    spec = GLUE_TASKS.get(task)
+    keys = dict(zip((name for name, _, _ in spec.dev_splits), spec.keys)) if spec else {}
+    return keys.get(split, task if split == "dev" else split)
 
 
 def seed_statistics(values: list[float]) -> dict:

@@ -59,35 +59,48 @@ class TaskSpec:
     dev_splits: tuple[tuple[str, str, str], ...] = (("dev", "dev.tsv", "validation"),)  # (split, local file, hub split)
     no_header: tuple[str, ...] | None = None  # column names for files without a header line (CoLA)
     skip_malformed: bool = False  # QQP: the original GLUE processors drop its few broken rows
+    column: int = 0  # its place in the GLUE paper's table (results.COLUMNS)
+    averaged: bool = True  # counted in the GLUE average and run by default (WNLI is not: eval.include_wnli)
+    score_keys: tuple[str, ...] = ()  # one per dev split, as glue_average keys them; () = (name,)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.score_keys or (self.name,)
 
 
 GLUE_TASKS = Registry("GLUE task")
-GLUE_SET = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte")  # the GLUE average's tasks (WNLI left out)
 _NLI2 = ("entailment", "not_entailment")
 _SPECS = [
     TaskSpec("cola", "CoLA", ("sentence",), "label", ("0", "1"), ("unacceptable", "acceptable"),
-             ("matthews",), "matthews", ("sentence",), no_header=("source", "label", "mark", "sentence")),
+             ("matthews",), "matthews", ("sentence",), no_header=("source", "label", "mark", "sentence"), column=4),
     TaskSpec("sst2", "SST-2", ("sentence",), "label", ("0", "1"), ("negative", "positive"),
-             ("accuracy",), "accuracy", ("sentence",)),
+             ("accuracy",), "accuracy", ("sentence",), column=3),
     TaskSpec("mrpc", "MRPC", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("not_equivalent", "equivalent"),
-             ("accuracy", "f1"), "f1", ("sentence1", "sentence2")),
+             ("accuracy", "f1"), "f1", ("sentence1", "sentence2"), column=6),
     TaskSpec("qqp", "QQP", ("question1", "question2"), "is_duplicate", ("0", "1"), ("not_duplicate", "duplicate"),
-             ("accuracy", "f1"), "f1", ("question1", "question2"), skip_malformed=True),
+             ("accuracy", "f1"), "f1", ("question1", "question2"), skip_malformed=True, column=1),
     TaskSpec("stsb", "STS-B", ("sentence1", "sentence2"), "score", None, None,
-             ("pearson", "spearman"), "pearson", ("sentence1", "sentence2")),
+             ("pearson", "spearman"), "pearson", ("sentence1", "sentence2"), column=5),
     TaskSpec("mnli", "MNLI", ("sentence1", "sentence2"), "gold_label", ("entailment", "neutral", "contradiction"),
              ("entailment", "neutral", "contradiction"), ("accuracy",), "accuracy", ("premise", "hypothesis"),
              dev_splits=(("matched", "dev_matched.tsv", "validation_matched"),
-                         ("mismatched", "dev_mismatched.tsv", "validation_mismatched"))),
+                         ("mismatched", "dev_mismatched.tsv", "validation_mismatched")),
+             score_keys=("mnli-m", "mnli-mm"), column=0),
     TaskSpec("qnli", "QNLI", ("question", "sentence"), "label", _NLI2, _NLI2,
-             ("accuracy",), "accuracy", ("question", "sentence")),
+             ("accuracy",), "accuracy", ("question", "sentence"), column=2),
     TaskSpec("rte", "RTE", ("sentence1", "sentence2"), "label", _NLI2, _NLI2,
-             ("accuracy",), "accuracy", ("sentence1", "sentence2")),
+             ("accuracy",), "accuracy", ("sentence1", "sentence2"), column=7),
     TaskSpec("wnli", "WNLI", ("sentence1", "sentence2"), "label", ("0", "1"), ("not_entailment", "entailment"),
-             ("accuracy",), "accuracy", ("sentence1", "sentence2")),
+             ("accuracy",), "accuracy", ("sentence1", "sentence2"), column=8, averaged=False),
 ]
 for _spec in _SPECS:
     GLUE_TASKS.register(_spec.name)(_spec)
+# Everything else about the GLUE tasks derives from the table above: the default eval.tasks and the average's tasks,
+# glue_average's score keys, and the results table's columns (titles from the folders, in the paper's order).
+GLUE_SET = tuple(spec.name for spec in _SPECS if spec.averaged)
+GLUE_KEYS = tuple(key for spec in _SPECS for key in spec.keys)
+GLUE_COLUMNS = [(spec.folder + key.removeprefix(spec.name), key)
+                for spec in sorted(_SPECS, key=lambda spec: spec.column) for key in spec.keys]
 
 
 def load_task(name: str, data_dir: str | None) -> TaskData:

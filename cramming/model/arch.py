@@ -59,22 +59,22 @@ class TokenDroppingConfig:
 
 @dataclass
 class ArchConfig:
-    num_layers: int = 16
-    hidden_size: int = 768
-    num_heads: int = 12
-    ffn_size: int = 3072
-    ffn: str = "glu"  # mlp | glu
-    activation: str = "gelu"
-    norm: str = "layernorm"  # layernorm | rmsnorm | scalenorm
-    norm_eps: float = 1e-12
-    norm_position: str = "pre"  # pre | post
+    num_layers: int = 16  # blocks in the encoder (or decoder)
+    hidden_size: int = 768  # the residual stream's width
+    num_heads: int = 12  # attention heads; must divide hidden_size
+    ffn_size: int = 3072  # the feed-forward block's inner width
+    ffn: str = "glu"  # the feed-forward block
+    activation: str = "gelu"  # the feed-forward block's nonlinearity
+    norm: str = "layernorm"  # the normalisation layer used everywhere
+    norm_eps: float = 1e-12  # the normalisation layers' epsilon
+    norm_position: str = "pre"  # normalise each block's input (pre-LN) or its residual sum (post-LN)
     qk_norm: bool = False  # normalise each head's queries and keys (with arch.norm)
-    embedding_norm: bool = True
-    final_norm: bool = True
-    bias: bool = False
-    position: str = "scaled-sinusoidal"  # learned | sinusoidal | scaled-sinusoidal | rotary | rpe | alibi | none
+    embedding_norm: bool = True  # normalise the embeddings before the first block
+    final_norm: bool = True  # normalise after the last block
+    bias: bool = False  # biases in the projections and the decoder
+    position: str = "scaled-sinusoidal"  # how the model knows token positions
     rotary_pct: float = 1.0  # rotary: the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
-    rotary_base: float = 10000.0
+    rotary_base: float = 10000.0  # rotary: the frequencies' base
     rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
     rotary_every: int = 1  # rotary in every k-th attention block only
     rpe_buckets: int = 32  # rpe: T5 relative-position buckets
@@ -83,24 +83,24 @@ class ArchConfig:
     layout: list[str] = field(default_factory=lambda: ["attention"])  # block kinds cycled over the layers
     gmlp_attn_dim: int = 0  # gmlp: width of aMLP's tiny attention; 0 = none
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    linear: str = "dense"  # dense | lowrank | kronecker | monarch | btt | btt-moe
-    linear_on: list[str] = field(default_factory=lambda: ["ffn", "attention"])
+    linear: str = "dense"  # the kind of matrix in the projections named by linear_on
+    linear_on: list[str] = field(default_factory=lambda: ["ffn", "attention"])  # the projections that use arch.linear
     linear_args: LinearArgs = field(default_factory=LinearArgs)
-    max_seq_length: int = 128
-    tie_embeddings: bool = True
-    objective: str = "mlm"  # mlm | clm (causal attention, next-token prediction) | rtd (ELECTRA, electra.py)
+    max_seq_length: int = 128  # the longest sequence: sizes learned position tables and gMLP's spatial matrix
+    tie_embeddings: bool = True  # the LM head reuses the input embedding matrix
+    objective: str = "mlm"  # the pretraining objective (clm: causal attention, next-token prediction)
     rtd: RTDConfig = field(default_factory=RTDConfig)
-    head_transform: bool = False
-    sparse_prediction: bool = True
-    init: str = "normal"  # normal | small | megatron-scaled
-    init_std: float = 0.02
+    head_transform: bool = False  # a dense + activation + norm transform before the LM head (BERT's)
+    sparse_prediction: bool = True  # mlm: run the LM head only on the masked positions
+    init: str = "normal"  # the weights' initialisation scheme
+    init_std: float = 0.02  # the normal initialisation's standard deviation
     hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on
-    attention_dropout: float = 0.0
+    attention_dropout: float = 0.0  # dropout on the attention probabilities; eval turns it on
     logit_softcap: float | None = None  # c * tanh(logits / c) on the LM head's logits (the speedrun's); null = off
     zero_init_out: bool = False  # attention and FFN output projections start at zero
     value_embeddings: int = 0  # token-embedding tables mixed into the values of the first and last k layers
     unet_skips: bool = False  # first half's block outputs added to the mirrored second half's inputs
-    parametrization: str = "standard"  # standard | mup: how init, lr, logits and attention scale with width
+    parametrization: str = "standard"  # how init, lr, logits and attention scale with width
     mup_base_width: int = 128  # mup: the hidden_size at which muP equals the standard parametrization
     token_dropping: TokenDroppingConfig = field(default_factory=TokenDroppingConfig)
 
