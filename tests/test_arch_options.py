@@ -64,6 +64,7 @@ NONDEFAULT = {
     "rtd.generator_scale": (0.5, ["arch.objective=rtd"]), "rtd.generator_layers": (1, ["arch.objective=rtd"]),
     "rtd.weight": (10.0, ["arch.objective=rtd"]), "rtd.tie_embeddings": (False, ["arch.objective=rtd"]),
     "token_dropping.keep": (0.5, ["arch.num_layers=3"]), "token_dropping.decay": (0.9, []),
+    "token_dropping.cross_first": (False, []),
     "token_dropping.layers": ([1, 3], ["arch.num_layers=4", "arch.token_dropping.keep=0.5"]),
 }
 

@@ -73,6 +73,18 @@ def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
     assert summary["distributed"] == {"engine": "ddp", "world_size": 2}
 
 
+def test_ddp_trains_with_token_dropping(tmp_path):
+    """Token dropping under DDP: each training forward all-reduces the importance update (model/token_dropping.py)
+    inside DDP's forward, with no buffer broadcast; the run finishes and rank 0's buffer holds the losses. (That
+    the ranks' update equals one process's over the whole microbatch is test_token_dropping_ddp's.)"""
+    run = [*TINY, "arch.num_layers=3", "arch.token_dropping.keep=0.5", "train.max_steps=2", "train.batch_ramp=0"]
+    ddp = torchrun(*run, "impl.distributed=ddp", f"hydra.run.dir={tmp_path}")
+    out, err = ddp.communicate(timeout=300)
+    assert ddp.returncode == 0, err[-3000:]
+    loss = load_file(tmp_path / "checkpoint" / "model.safetensors")["token_importance.loss"]
+    assert (loss < loss.max()).sum() > 20
+
+
 def stop_one_rank(proc: subprocess.Popen, run_dir: Path, at_step: int) -> None:
     """SIGTERM to one worker only (the newest child of torchrun): the ranks must agree to stop together. The
     workers are found first, so the signal leaves as soon as the step is logged."""

@@ -18,7 +18,7 @@ from cramming.errors import UserError
 from cramming.model.configuration_crammed import CrammedConfig
 from cramming.model.modeling_crammed import CrammedForMaskedLM, CrammedForSequenceClassification
 from cramming.model.rotary import Positions
-from cramming.model.token_dropping import TokenImportance, dropping_layers
+from cramming.model.token_dropping import TokenImportance, dropping_layers, kept_only_layers
 from cramming.train.flops import forward_flops_per_token
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -54,13 +54,45 @@ def record_layer_inputs(m) -> dict:
 
 
 def test_the_dropping_layers_see_exactly_k_tokens():
-    """4 layers: the default range is [2, 3); layers=[1, 3] widens it. k = round(0.5 * 16) = 8, round(0.3 * 16) = 5."""
-    for keep, layers, k in ((0.5, None, 8), (0.3, [1, 3], 5)):
-        m = model(keep, token_dropping={"layers": layers}).train()
+    """4 layers: the default range is the reference's [1, 3), layer 1 reading every token (cross_first); layers
+    [1, 3] without cross_first and [0, 3] with it: the layers that see only the kept tokens get k = round(0.5 * 16)
+    = 8 or round(0.3 * 16) = 5 rows."""
+    for keep, drop, k, kept_only in ((0.5, {}, 8, [2]), (0.3, {"layers": [1, 3], "cross_first": False}, 5, [1, 2]),
+                                     (0.5, {"layers": [0, 3]}, 8, [1, 2])):
+        m = model(keep, token_dropping=drop).train()
         seen = record_layer_inputs(m)
         m(*batch()[:1], labels=batch()[1])
-        dropping = dropping_layers(m.config)
-        assert [seen[i].shape[1] for i in range(4)] == [k if i in dropping else SEQ for i in range(4)], (keep, layers)
+        assert list(kept_only_layers(m.config)) == kept_only
+        assert [seen[i].shape[1] for i in range(4)] == [k if i in kept_only else SEQ for i in range(4)], drop
+
+
+def test_the_reference_layout_numerically():
+    """The TF reference (official/projects/token_dropping/encoder.py): "For a 12-layer BERT: 1. All tokens fist go
+    though 5 transformer layers, then 2. Only important tokens go through 1 transformer layer with cross attention
+    to unimportant tokens, then 3. Only important tokens go through 5 transformer layers without cross attention.
+    4. Finally, all tokens go through the last layer." The dropped tokens rejoin there with the state they had
+    before step 2 (its x_not_selected), merged back by argsort of [selected, not_selected]. Rebuilt here the
+    reference's way at 6 layers (2 + 1 + 2 + 1) and compared with the encoder's forward."""
+    assert (dropping_layers(config(num_layers=12)), kept_only_layers(config(num_layers=12))) == (range(5, 11),
+                                                                                                  range(6, 11))
+    m = model(num_layers=6).eval()
+    ids = batch()[0]
+    keep = m.token_importance.choose(ids)
+    dropped = torch.ones(2, SEQ, dtype=torch.bool).scatter(1, keep, False).nonzero()[:, 1].view(2, -1)
+    enc, take = m.encoder, lambda x, at: x.gather(1, at[..., None].expand(-1, -1, x.shape[-1]))
+    with torch.no_grad():
+        x = enc.embedding_norm(enc.tokens(ids) + enc.positions(SEQ, 0))
+        for layer in enc.layers[:2]:  # 1. every token
+            x = layer(x)
+        selected, not_selected = take(x, keep), take(x, dropped)
+        x_selected = enc.layers[2](torch.cat([selected, not_selected], 1))[:, :keep.shape[1]]  # 2. cross-attention
+        for layer in enc.layers[3:5]:  # 3. the kept tokens alone
+            x_selected = layer(x_selected)
+        order = torch.cat([keep, dropped], 1).argsort(1)  # 4. merged back, then every token
+        want = enc.final_norm(enc.layers[5](take(torch.cat([x_selected, not_selected], 1), order)))
+        got = enc(ids, keep=keep).last_hidden_state
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, enc(ids).last_hidden_state, atol=1e-3)  # and it is not the undropped model
 
 
 def test_the_lowest_importance_ids_are_dropped_and_specials_kept():
@@ -157,11 +189,13 @@ def test_eval_finetuning_inference_and_keep_one_are_the_undropped_model():
     assert not torch.equal(dropping.train()(ids, labels=labels).loss, plain(ids, labels=labels).loss)
 
 
-def test_flops_count_the_dropping_layers_at_k_tokens():
-    off, on = model(None), model(0.5)
+def test_flops_count_the_kept_only_layers_at_k_tokens():
+    """Default (4 layers: [1, 3), cross_first): layer 1 runs whole, layer 2 on k; without cross_first both on k."""
+    off, on, plain = model(None), model(0.5), model(0.5, token_dropping={"cross_first": False})
     blocks = on.encoder.layers
     saved = blocks[2].flops_per_token(SEQ) - blocks[2].flops_per_token(8) * 8 / SEQ
     assert forward_flops_per_token(on, SEQ) == int(forward_flops_per_token(off, SEQ) - saved)
+    assert forward_flops_per_token(plain, SEQ) == int(forward_flops_per_token(off, SEQ) - 2 * saved)
     assert saved > 0.45 * blocks[2].flops_per_token(SEQ)
 
 
@@ -185,10 +219,11 @@ def load(*overrides):
     (["arch.layout=[attention,gmlp]"], "the gmlp blocks of arch.layout"),
     (["arch.unet_skips=true"], "arch.unet_skips=true"),
     (["arch.value_embeddings=1"], "arch.value_embeddings=1"),
-    (["arch.token_dropping.layers=[0,3]"], "arch.token_dropping.layers=[0, 3] is invalid: give [first, last) with 1"),
+    (["arch.token_dropping.layers=[-1,3]"], "arch.token_dropping.layers=[-1, 3] is invalid: give [first, last) with 0"),
     (["arch.token_dropping.layers=[1,4]"], "last <= arch.num_layers - 1 = 3"),
-    (["arch.token_dropping.layers=[2,2]"], "1 <= first < last"),
-    (["arch.num_layers=2"], "is empty at arch.num_layers=2"),
+    (["arch.token_dropping.layers=[2,2]"], "0 <= first < last"),
+    (["arch.token_dropping.layers=[1]"], "arch.token_dropping.layers=[1] is invalid: give [first, last)"),
+    (["arch.num_layers=1"], "is empty at arch.num_layers=1"),
 ])
 def test_each_refusal_is_one_line(overrides, fragment):
     with pytest.raises(UserError) as refused:
@@ -198,8 +233,9 @@ def test_each_refusal_is_one_line(overrides, fragment):
 
 def test_what_is_accepted():
     for overrides in ([], ["arch.position=rotary"], ["arch.position=learned"], ["arch.position=none"],
-                      ["arch.attention.pattern=[topk]", "impl.attention=eager"], ["arch.token_dropping.keep=null",
-                                                                                  "arch.num_layers=2"]):
+                      ["arch.attention.pattern=[topk]", "impl.attention=eager"], ["arch.num_layers=2"],
+                      ["arch.token_dropping.layers=[0,3]", "arch.token_dropping.cross_first=false"],
+                      ["arch.token_dropping.keep=null", "arch.num_layers=1"]):
         load(*overrides)
 
 

@@ -12,9 +12,11 @@ class DDP(Torchrun):
     def wrap(self, model, device: torch.device):
         from torch.nn.parallel import DistributedDataParallel
 
-        # gradients live in the communication buckets: no second copy of them (16, not 20, bytes per parameter)
+        # gradients live in the communication buckets: no second copy of them (16, not 20, bytes per parameter).
+        # No buffer broadcast from rank 0 at each forward: our buffers are constants, or token dropping's importance,
+        # whose update all-reduces every rank's losses (model/token_dropping.py), so the ranks already agree.
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                       gradient_as_bucket_view=True)
+                                       gradient_as_bucket_view=True, broadcast_buffers=False)
 
     def no_sync(self, model, last_microbatch: bool):
         return super().no_sync(model, True) if last_microbatch else uncompiled(model).no_sync()

@@ -47,11 +47,14 @@ class RTDConfig:
 
 @dataclass
 class TokenDroppingConfig:
-    """Token dropping (Hou et al. 2022, model/token_dropping.py): in MLM pretraining the middle layers see only the
-    sequence's most important tokens; the others skip them and rejoin for the last layers."""
+    """Token dropping (Hou et al. 2022, model/token_dropping.py): in MLM pretraining the layers [first, last) update
+    only the sequence's most important tokens; the others skip them and rejoin, with the state they had entering
+    `first`, before layer `last`. The default is the TF reference's split."""
 
     keep: float | None = None  # share of each sequence's tokens the dropping layers see; null or 1.0 = off
-    layers: list[int] | None = None  # [first, last): the layers that see only the kept tokens; null = [L // 2, L - 1)
+    # [first, last): the layers that update only the kept tokens; null = the reference's [L // 2 - 1, L - 1)
+    layers: list[int] | None = None
+    cross_first: bool = True  # layer `first`'s kept queries attend to every token (the reference); false: kept only
     decay: float = 0.995  # the per-token-id running MLM loss: avg <- decay * avg + (1 - decay) * loss
 
     RULES: ClassVar[dict] = {"keep": "(0, 1] or null", "decay": "[0, 1)"}

@@ -111,8 +111,9 @@ class CrammedModel(CrammedPreTrainedModel):
                 **unused) -> BaseModelOutput:
         """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
         after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too.
-        keep: the (batch, k) positions the token-dropping layers see alone (token_dropping.py); the other tokens
-        skip those layers unchanged. None: every layer sees every token."""
+        keep: the (batch, k) positions the token-dropping layers update (token_dropping.py: the first of them, with
+        cross_first, reads every token); the other tokens skip those layers unchanged. None: every layer sees every
+        token."""
         seq_len = input_ids.shape[1]
         past = 0 if cache is None else self.cache_length(cache, attention_mask, seq_len)
         x = self.tokens(input_ids)
@@ -135,17 +136,25 @@ class CrammedModel(CrammedPreTrainedModel):
             extra = {"value_embedding": values[i]} if i in values else {}
             if cache is not None:
                 extra["cache"] = LayerCache(cache, i, past)
-            if dropping is not None and i == dropping.start:  # the dropped tokens wait here, as they are, until the dropping layers end
+            cross = dropping is not None and i == dropping.start and self.config.token_dropping.cross_first
+            if dropping is not None and i == dropping.start:  # the dropped tokens wait here, as they are, until `last`
                 whole, whole_mask = x, key_padding_mask
-                x = gather_tokens(x, keep)
-                key_padding_mask = None if whole_mask is None else gather_tokens(whole_mask, keep)
-            if dropping is not None and i in dropping:
+            if dropping is not None and i in dropping and not cross:  # the kept tokens alone, queries and keys
                 extra["positions"] = Positions(keep, seq_len)
+                if i == dropping.start:
+                    x, key_padding_mask = self.kept(x, whole_mask, keep)
             x = layer(x, key_padding_mask, bias, **extra)
+            if cross:  # the kept queries attended to every token: keep their rows (the reference's cross-attention)
+                x, key_padding_mask = self.kept(x, whole_mask, keep)
             if dropping is not None and i == dropping.stop - 1:
                 x, key_padding_mask = scatter_tokens(whole, keep, x), whole_mask
             outputs.append(x)
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
+
+    @staticmethod
+    def kept(x, key_padding_mask, keep):
+        """The kept tokens' rows of the hidden state and of the padding mask (None stays None)."""
+        return gather_tokens(x, keep), None if key_padding_mask is None else gather_tokens(key_padding_mask, keep)
 
     def cache_length(self, cache, attention_mask, seq_len: int) -> int:
         """How many tokens the cache holds, after checking that these blocks can use one (block.cache_refusal)."""

@@ -1,38 +1,61 @@
 """Token dropping (Hou et al., "Token Dropping for Efficient BERT Pretraining", ACL 2022), `arch.token_dropping`.
 
-In MLM pretraining the layers arch.token_dropping.layers = [first, last) process only k = round(keep * seq_len)
-tokens of each sequence, the most important ones; the others skip those layers (their hidden state from layer
-first - 1 is carried around) and rejoin before layer `last`, so the last layers and the MLM loss see every token.
-k is fixed per sequence length: shapes stay static for torch.compile and CUDA graphs.
+The layout is the TF reference's (tensorflow/models, official/projects/token_dropping/encoder.py), whose encoder
+says: "For a 12-layer BERT: 1. All tokens fist go though 5 transformer layers, then 2. Only important tokens go
+through 1 transformer layer with cross attention to unimportant tokens, then 3. Only important tokens go through 5
+transformer layers without cross attention. 4. Finally, all tokens go through the last layer." In general, with
+L layers and arch.token_dropping.layers = [first, last) (default the reference's [L // 2 - 1, L - 1)):
+  - layers 0 .. first - 1 see every token;
+  - layer `first` (with `cross_first`, the default) updates only the k kept tokens, whose queries attend to every
+    token's keys and values; computed as the whole layer with its kept rows taken, which is the same numbers;
+  - layers first + 1 .. last - 1 see only the kept tokens (attending among themselves);
+  - the dropped tokens rejoin before layer `last` with the state they had when they were dropped, the input of
+    layer `first` (the reference's x_not_selected); layers last .. L - 1 and the MLM loss see every token.
+With cross_first=false layer `first` too sees only the kept tokens (no cross-attention).
+k = round(keep * seq_len) is fixed per sequence length: shapes stay static for torch.compile and CUDA graphs.
 
 Importance is the paper's cumulative-loss criterion: a running average of the MLM loss per vocabulary id
 (`TokenImportance.loss`, a model buffer, so checkpoints and exact resume carry it), updated from every training
 forward's per-masked-token losses; the tokens whose id has the lowest average are dropped. [CLS], [SEP] and [MASK]
 are always kept, [PAD] (and any position the attention mask hides) is dropped first. Every id starts at ln(vocab),
 the loss of a uniform prediction, which is about where an untrained model's loss is: the averages of ids seen
-fall from there as the model learns, so ids not seen yet rank as important and are kept.
+fall from there as the model learns, so ids not seen yet rank as important and are kept. Under torch.distributed
+the per-id loss sums and counts are all-reduced before the update, so every rank moves by the whole global
+microbatch and all ranks hold the same buffer.
 
 Only CrammedForMaskedLM drops, and only in training mode with labels: validation, fine-tuning and inference
-always run the whole sequence. Unlike the TF reference, the layer before the dropping ones is a plain layer (no
-cross-attention of the kept tokens to the dropped ones), and ids seen more than once in a forward move by the mean
-of their losses (the reference keeps an arbitrary one).
+always run the whole sequence. Unlike the reference, ids seen more than once in a forward move by the mean of their
+losses (the reference's scatter keeps an arbitrary one), and [UNK] is an ordinary id (the reference keeps it).
 """
 
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .registry import invalid
 
 
+def split(config) -> tuple[int, int]:
+    """[first, last) as configured, or the reference's [L // 2 - 1, L - 1) (config: a CrammedConfig or ArchConfig)."""
+    layers = config.token_dropping.layers
+    return tuple(layers) if layers is not None else (config.num_layers // 2 - 1, config.num_layers - 1)
+
+
 def dropping_layers(config) -> range | None:
-    """The layers that see only the kept tokens (config: a CrammedConfig or ArchConfig), or None when off."""
+    """The layers that update only the kept tokens, [first, last), or None when off. With cross_first the first of
+    them still reads every token (as keys and values); the others see only the kept ones."""
     drop = config.token_dropping
     if drop.keep is None or drop.keep >= 1.0:
         return None
-    first, last = drop.layers if drop.layers is not None else (config.num_layers // 2, config.num_layers - 1)
-    return range(first, last)
+    return range(*split(config))
+
+
+def kept_only_layers(config) -> range:
+    """The layers that see only the kept tokens, queries and keys alike (empty when token dropping is off)."""
+    dropping = dropping_layers(config) or range(0)
+    return dropping[1:] if config.token_dropping.cross_first else dropping
 
 
 def kept_count(keep: float, seq_len: int) -> int:
@@ -71,12 +94,18 @@ class TokenImportance(nn.Module):
     def update(self, targets: torch.Tensor, losses: torch.Tensor) -> None:
         """Move each id's average toward the mean of its losses in this forward. targets: the true ids (-100: not
         predicted); losses: the same rows' cross-entropy. A non-finite loss (a step the trainer will skip) is left
-        out, so it cannot poison the averages."""
+        out, so it cannot poison the averages. Under torch.distributed every rank must call this once per
+        microbatch (they all take the same microbatches): the sums and counts are all-reduced first."""
         targets, losses = targets.reshape(-1), losses.reshape(-1).float()
         valid = (targets != -100) & torch.isfinite(losses)
         ids = torch.where(valid, targets, 0)
-        sums = torch.zeros_like(self.loss).index_add_(0, ids, torch.where(valid, losses, 0.0))
-        counts = torch.zeros_like(self.loss).index_add_(0, ids, valid.float())
+        # per id: the loss sum, the count
+        stats = torch.zeros(2, self.loss.shape[0], device=self.loss.device, dtype=torch.float32)
+        stats[0].index_add_(0, ids, torch.where(valid, losses, 0.0))
+        stats[1].index_add_(0, ids, valid.float())
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(stats)  # every rank's microbatch slice: the ranks move as one process would
+        sums, counts = stats[0], stats[1]
         moved = self.decay * self.loss + (1 - self.decay) * (sums / counts.clamp(min=1))
         self.loss.copy_(torch.where(counts > 0, moved, self.loss))
 
@@ -102,21 +131,20 @@ def problem(config, head) -> str | None:
 
     a = config.arch
     drop = a.token_dropping
-    if dropping_layers(a) is None:
+    if drop.keep is None or drop.keep >= 1.0:
         return None
     key = "arch.token_dropping.keep"
     if not getattr(head, "drops_tokens", False):
         return invalid(key, drop.keep, f"drops tokens in MLM pretraining only, not arch.objective={a.objective}; "
                        "set arch.objective=mlm or arch.token_dropping.keep=null")
-    first, last = (drop.layers if drop.layers is not None and len(drop.layers) == 2
-                   else (a.num_layers // 2, a.num_layers - 1))
-    if drop.layers is not None and (len(drop.layers) != 2 or not 1 <= first < last <= a.num_layers - 1):
+    first, last = split(a) if drop.layers is None or len(drop.layers) == 2 else (0, 0)
+    if drop.layers is not None and not 0 <= first < last <= a.num_layers - 1:
         return invalid("arch.token_dropping.layers", drop.layers,
-                       f"give [first, last) with 1 <= first < last <= arch.num_layers - 1 = {a.num_layers - 1} "
-                       "(the first and last layers always see every token)")
-    if first >= last:
-        return invalid("arch.token_dropping.layers", drop.layers, f"the default [num_layers // 2, num_layers - 1) "
-                       f"is empty at arch.num_layers={a.num_layers}; token dropping needs at least 3 layers")
+                       f"give [first, last) with 0 <= first < last <= arch.num_layers - 1 = {a.num_layers - 1} "
+                       "(the last layer always sees every token)")
+    if first < 0:
+        return invalid("arch.token_dropping.layers", drop.layers, f"the default [num_layers // 2 - 1, num_layers - 1) "
+                       f"is empty at arch.num_layers={a.num_layers}; token dropping needs at least 2 layers")
     if not POSITIONS[a.position].token_subsets:
         return invalid(key, drop.keep, f"needs positions that travel with the tokens (learned, sinusoidal, "
                        f"scaled-sinusoidal, rotary, none), not arch.position={a.position}")

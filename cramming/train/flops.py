@@ -2,19 +2,20 @@
 
 from torch import nn
 
-from ..model.token_dropping import dropping_layers, kept_count
+from ..model.token_dropping import kept_count, kept_only_layers
 
 
 def forward_flops_per_token(model, seq_len: int, predicted_share: float = 1.0) -> int:
     """Forward FLOPs (2 per multiply-add) for one token: each block's own count (its projections, each layer
     counting its structure, and its mixing across positions: attention, or gMLP's spatial gate and aMLP's tiny
     attention), and the output head on the share of tokens it sees (the sparse MLM head: only the masked ones).
-    With arch.token_dropping the dropping layers count at the k tokens they see: k / seq_len of the tokens, each
-    attending to k keys. Training is ~3x this. objective=rtd (model/electra.py): the detector on every token
+    With arch.token_dropping the layers that see only the kept tokens count at k: k / seq_len of the tokens, each
+    attending to k keys; the first dropping layer with cross_first counts whole (it runs whole; its dropped rows
+    are discarded). Training is ~3x this. objective=rtd (model/electra.py): the detector on every token
     instead of a vocabulary head, plus the whole generator (with its embedding projection and its head's transform
     back to the shared embeddings' width, arch.rtd.tie_embeddings)."""
     c = model.config
-    dropping = dropping_layers(c) or range(0)
+    dropping = kept_only_layers(c)
     k = kept_count(c.token_dropping.keep, seq_len) if dropping else seq_len
     blocks = sum(block.flops_per_token(k) * k / seq_len if i in dropping else block.flops_per_token(seq_len)
                  for i, block in enumerate(model.encoder.layers))

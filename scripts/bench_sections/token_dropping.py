@@ -1,12 +1,13 @@
 """Section 7: training steps with token dropping (arch.token_dropping.keep=0.5) against the same model without it.
 
-The model is crammed-bert-tiny at the paper's depth, 12 layers (so the default dropping layers [6, 11) are 5 of 12),
+The model is crammed-bert-tiny at the paper's depth, 12 layers (the reference's split: layer 5 updates the kept
+tokens attending to all, layers 6-10 see the kept ones only),
 built as pretrain.py builds it (cramming.pretraining.build_model, build_optimizer, the MLM objective's masking,
 impl.loss=auto, torch.compile on GPU), twice from the same seed: once with arch.token_dropping.keep=0.5 and once
 without. Both take full training steps (forward with labels, backward, clip, AdamW) on the same random token
 batches (ids 5..vocab-1), one timed step at a time in turn, after a warm-up step each; the median step counts. The
 figure is the ratio of the medians: how many more tokens per second dropping trains, beside the ratio the FLOPs
-count predicts (cramming.pretraining.flops_per_token, whose dropping layers count at k tokens). On CPU it is
+count predicts (cramming.pretraining.flops_per_token, whose kept-only layers count at k tokens). On CPU it is
 measured at one torch thread and at the default count, as section 6 is.
 """
 
@@ -68,10 +69,10 @@ def run(args, device) -> dict:
     sides = {"dropping": build(KEEP, seq, vocab, device, args.smoke), "full": build("null", seq, vocab, device,
                                                                                       args.smoke)}
     predicted = sides["full"]["flops"] / sides["dropping"]["flops"]
-    from cramming.model.token_dropping import dropping_layers
+    from cramming.model.token_dropping import dropping_layers, kept_only_layers
 
     arch = sides["dropping"]["config"].arch
-    layers, dropping = arch.num_layers, dropping_layers(arch)
+    layers, dropping, kept_only = arch.num_layers, dropping_layers(arch), kept_only_layers(arch)
     counts = thread_counts(device)
     print(f"  crammed-bert-tiny x {layers} layers: batch {batch} x {seq}, vocab {vocab}, keep {KEEP}, {rounds} timed "
           f"steps each, torch threads {counts}", flush=True)
@@ -86,7 +87,8 @@ def run(args, device) -> dict:
         targets.append(target("token-dropping", f"training tokens/s, keep {KEEP} / no dropping ({threads} torch "
                               f"thread{'s' if threads > 1 else ''}; FLOPs predict {predicted:.2f}x)",
                               r["speedup"], "report", "report", None))
-    markdown = (f"crammed-bert-tiny at {layers} layers (dropping layers [{dropping.start}, {dropping.stop})), batch {batch} x {seq}, vocab {vocab}, "
+    markdown = (f"crammed-bert-tiny at {layers} layers (dropping layers [{dropping.start}, {dropping.stop}), kept-only "
+                f"[{kept_only.start}, {kept_only.stop})), batch {batch} x {seq}, vocab {vocab}, "
                 f"{'bf16 autocast + compile' if device.type == 'cuda' else 'fp32'}; median of {rounds} alternating "
                 f"training steps each. The FLOPs count predicts {predicted:.2f}x.\n\n"
                 + table(["torch threads", "model", "fwd MFLOPs/token", "step (ms, median)", "tokens/s", "speed-up"],
