@@ -159,7 +159,7 @@ def test_auto_impl_resolves_to_this_machine():
 
 
 def test_cache_dir_default_is_one_truth(monkeypatch):
-    """The schema's default, the YAML's and the README's: $CRAMMING_CACHE, else .cache/cramming."""
+    """The schema's default, the YAML's and docs/data.md's: $CRAMMING_CACHE, else .cache/cramming."""
     from cramming.config import DataConfig
 
     for env in ("/some/shared/cache", None):
@@ -170,8 +170,8 @@ def test_cache_dir_default_is_one_truth(monkeypatch):
         expected = env or ".cache/cramming"
         assert DataConfig().cache_dir == expected
         assert load_config(compose_config()).data.cache_dir == expected
-    readme = (CONF.parent / "README.md").read_text()
-    assert "`data.cache_dir` (default `$CRAMMING_CACHE`, else `.cache/cramming` under the working directory)" in readme
+    page = (CONF.parent / "docs" / "data.md").read_text()
+    assert "`data.cache_dir` (default `$CRAMMING_CACHE`, else `.cache/cramming` under the working directory)" in page
 
 
 @pytest.mark.parametrize("cls,key,registry", [
