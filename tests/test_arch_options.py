@@ -1,5 +1,5 @@
 """Every arch key, from the Hydra config to the built model: each one reaches the model's config, and each one the
-README documents changes the model the documented way (built in-process, no training). test_options.py observes
+docs document changes the model the documented way (built in-process, no training). test_options.py observes
 the same options in whole runs; test_model.py holds the finer model tests."""
 
 import dataclasses

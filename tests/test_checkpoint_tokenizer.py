@@ -119,7 +119,7 @@ LOAD = """
 
 
 def test_the_documented_tokenizer_loads_neither_prompt_nor_warn(mlm_checkpoint):
-    """The README's two ways to load a checkpoint's tokenizer: quick, quiet, with stdin closed, no cramming."""
+    """The two ways docs/pretraining.md gives to load a checkpoint's tokenizer: quick, quiet, with stdin closed, no cramming."""
     got = fresh_python(LOAD.format(path=str(mlm_checkpoint)), mlm_checkpoint.parent)
     assert got["fast"] == [True, True] and got["same"]
     assert "[y/N]" not in got["stdout"] and "custom code" not in got["stdout"] + got["stderr"]
@@ -128,8 +128,8 @@ def test_the_documented_tokenizer_loads_neither_prompt_nor_warn(mlm_checkpoint):
 
 
 def test_without_the_flag_transformers_still_asks(mlm_checkpoint):
-    """What the README warns about: transformers 5's AutoTokenizer loads config.json before the tokenizer files,
-    and a config with custom code makes it ask. If this starts passing quietly, the README's warning can go."""
+    """What docs/pretraining.md warns about: transformers 5's AutoTokenizer loads config.json before the tokenizer files,
+    and a config with custom code makes it ask. If this starts passing quietly, that warning can go."""
     script = f"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained({str(mlm_checkpoint)!r})"
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
                             stdin=subprocess.DEVNULL, cwd=mlm_checkpoint.parent, timeout=120)

@@ -268,7 +268,7 @@ def test_seen_hashes_is_an_exact_set_across_growth():
 
 
 def test_dedup_memory_is_what_the_docs_say():
-    """16 bytes per document just before the table doubles, 32 right after: dedup.py says so (the README's
+    """16 bytes per document just before the table doubles, 32 right after: dedup.py says so (docs/data.md's
     sentence is checked in test_help.py)."""
     from cramming.data import dedup
 

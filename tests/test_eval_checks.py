@@ -339,7 +339,7 @@ def test_bar_is_closed_when_finetuning_fails(smoke_checkpoint, tmp_path, monkeyp
 @pytest.mark.parametrize("override", ["eval.per_task={rte: {epochs: 10, lr: 1e-4}}",
                                       "+eval.per_task.rte.epochs=10"])
 def test_per_task_recipes_compose_from_the_command_line(kind, override):
-    """The README's form (a dict) and Hydra's append form both reach the task's recipe; other tasks keep theirs."""
+    """docs/evaluation.md's form (a dict) and Hydra's append form both reach the task's recipe; other tasks keep theirs."""
     from cramming.eval.config import recipe_for
 
     extra = ["eval.train_file=a.csv", "eval.dev_file=b.csv"] if kind == "custom" else []

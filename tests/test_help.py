@@ -62,18 +62,19 @@ def test_every_key_in_the_help_is_a_real_key(help_of):
         assert OmegaConf.select(cfg, key, default=MISSING) is not MISSING, key
 
 
-def test_readme_commands_run_inside_the_activated_venv():
+def test_documented_commands_run_inside_the_activated_venv():
     """One way to run things: set up, `source .venv/bin/activate`, then plain `python` in every command shown."""
     readme = (REPO / "README.md").read_text()
     assert "`source .venv/bin/activate`" in readme
-    blocks = re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)
+    pages = [readme] + [(REPO / "docs" / name).read_text() for name in ("pretraining.md", "evaluation.md")]
+    blocks = [block for page in pages for block in re.findall(r"```bash\n(.*?)```", page, re.DOTALL)]
     commands = [line for block in blocks for line in block.splitlines() if "pretrain.py" in line or "eval.py" in line]
     assert commands and all(line.startswith("python ") for line in commands), commands
     assert "train=cpu-smoke" in next(line for line in commands if "data=local-text" in line)
 
 
-def test_readme_says_what_dedup_keeps():
+def test_data_docs_say_what_dedup_keeps():
     """dedup.py keys on 8 bytes of the 16-byte digest, at 16-32 bytes of memory per document."""
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert "16-byte hashes" not in readme
-    assert "8-byte keys of each document's 16-byte BLAKE2b digest, 16-32 bytes of memory per document" in readme
+    page = " ".join((REPO / "docs" / "data.md").read_text().split())
+    assert "16-byte hashes" not in page
+    assert "8-byte keys of each document's 16-byte BLAKE2b digest, 16-32 bytes of memory per document" in page

@@ -1,4 +1,4 @@
-"""The remaining documented options, each through the whole recipe and each observed doing what the README says:
+"""The remaining documented options, each through the whole recipe and each observed doing what the docs say:
 precision (the dtype the layers compute in), workers (worker processes), the loss path, logging, schedules (the
 logged learning rates against their documented shapes), optimizers (the ones built), checkpoints kept, the
 architecture choices (the modules of the model that trained), the tokenizer kind and the data ordering; plus

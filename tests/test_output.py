@@ -15,7 +15,7 @@ NOTE = "note: train.batch_size=8192 is a GPU recipe"
 
 
 def test_the_gpu_batch_recipe_on_a_cpu_is_noted_once(tmp_path):
-    """The README's 72-second CPU run made 3 steps and nothing said why; now the first line says it."""
+    """A 72-second CPU run on the default recipe made 3 steps and nothing said why; now the first line says it."""
     default = run_pretrain("dryrun=true", "arch=crammed-bert-tiny", "impl=cpu", run_dir=tmp_path / "a")
     assert default.returncode == 0, default.stderr[-2000:]
     lines = default.stdout.splitlines()
