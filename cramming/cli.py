@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import sys
+from importlib import resources
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -17,7 +18,17 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .errors import EXIT_USER_ERROR
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(str(resources.files("cramming.conf")))  # conf/ in a checkout; the installed package's copy otherwise
+
+
+def invocation(command: str) -> str:
+    """How the user runs a command: `python pretrain.py` from a checkout, `cramming-pretrain` once installed."""
+    return f"python {command}" if command.endswith(".py") else command
+
+
+def config_of(command: str) -> str:
+    """The primary config a command composes: pretrain.py and cramming-pretrain -> conf/pretrain.yaml."""
+    return "eval" if command.removesuffix(".py").endswith("eval") else "pretrain"
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
@@ -67,7 +78,7 @@ def _unknown_key(cause, command: str) -> str:
     close = difflib.get_close_matches(str(cause.key), siblings, n=3, cutoff=0.6)
     prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
     hint = f"did you mean {' or '.join(prefix + c for c in close)}?" if close else \
-        f"python {command} --help lists the main keys (--cfg job prints them all)"
+        f"{invocation(command)} --help lists the main keys (--cfg job prints them all)"
     return f"{key}: no such config key; {hint}"
 
 
@@ -105,8 +116,8 @@ def composition_line(err: Exception, command: str) -> str:
 
 
 def command_groups(command: str) -> list[str]:
-    """The config groups in a command's defaults list (pretrain.py -> conf/pretrain.yaml), Hydra's own left out."""
-    defaults = OmegaConf.to_container(OmegaConf.load(CONF / f"{Path(command).stem}.yaml"))["defaults"]
+    """The config groups in a command's defaults list (conf/pretrain.yaml or conf/eval.yaml), Hydra's own left out."""
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF / f"{config_of(command)}.yaml"))["defaults"]
     names = [next(iter(d)) for d in defaults if isinstance(d, dict)]
     return [name for name in names if not name.startswith(("override ", "hydra/"))]
 
@@ -171,7 +182,7 @@ def run_entry(main, command: str) -> None:
     from hydra.errors import HydraException
 
     if problem := flag_problem(sys.argv[1:]):
-        print(f"error: {problem} (python {command} --help; Hydra's flags: --hydra-help)", file=sys.stderr)
+        print(f"error: {problem} ({invocation(command)} --help; Hydra's flags: --hydra-help)", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own traceback
         main()

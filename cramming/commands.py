@@ -1,0 +1,60 @@
+"""The two commands as Hydra apps on the configs in conf/ (shipped inside the package as cramming.conf):
+pretrain.py and eval.py at the repository root call them, and so do the installed console scripts
+`cramming-pretrain` and `cramming-eval` (pyproject.toml), from any directory. Runs write under the current
+directory (outputs/, multirun/)."""
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+from .cli import check_no_missing, run_entry
+from .config import load_config
+from .engines import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
+from .errors import EXIT_USER_ERROR, exit_on_user_error
+from .sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job
+
+CONFIGS = "pkg://cramming.conf"
+
+
+@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="pretrain")
+@sweep_job  # one line and exit 2 on a user error; in a multirun, failed jobs are recorded and the sweep goes on
+def pretrain_main(cfg) -> float | None:
+    from .pretraining import pretrain
+
+    config = load_config(cfg)  # every value checked before any work
+    eval_config = eval_after_config(config)  # eval_after: composed and checked now, task data included
+    run_dir = HydraConfig.get().runtime.output_dir
+    summary = pretrain(config, run_dir)
+    if env_rank() != 0:
+        return None  # rank 0 evaluates, records and returns the objective
+    results = evaluate_after(eval_config, summary["checkpoint"], run_dir) if eval_config else None
+    return objective_value(config, summary, results)  # what a sweeper optimises (sweep_objective)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="eval")
+@exit_on_user_error
+def eval_main(cfg) -> None:
+    from .eval.config import load_eval_config
+    from .eval.recipe import evaluate
+
+    check_no_missing(cfg)  # `key=???`
+    config = load_eval_config(cfg)  # every value checked before any work
+    evaluate(config, HydraConfig.get().runtime.output_dir)
+
+
+def pretrain_command(command: str | None = None) -> None:
+    """`python pretrain.py ...` or `cramming-pretrain ...`."""
+    command = command or Path(sys.argv[0]).name
+    if launched_by_torchrun() and {"-m", "--multirun"} & set(sys.argv):  # Hydra would start jobs rank by rank
+        print("error: a Hydra multirun (-m) cannot run under torchrun; launch torchrun once per job "
+              "(docs/distributed.md)", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    sys.argv = quiet_hydra_on_other_ranks(name_jobs_by_swept_keys(sys.argv))
+    run_entry(pretrain_main, command)  # Hydra's own errors (unknown option, key, bad override): one line, exit 2
+
+
+def eval_command(command: str | None = None) -> None:
+    """`python eval.py ...` or `cramming-eval ...`."""
+    run_entry(eval_main, command or Path(sys.argv[0]).name)
