@@ -127,7 +127,7 @@ class DeepSpeedConfig:
 @dataclass
 class ImplConfig:
     device: str = "auto"  # where to run; auto = cuda if present
-    precision: str = "auto"  # auto = bf16 autocast on cuda, fp32 on cpu
+    precision: str = "auto"  # auto = bf16 autocast on GPUs from compute capability 8.0, fp16 before, fp32 on cpu
     compile: bool | None = None  # null = on for cuda, off for cpu
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
     attention: str = "auto"  # the attention kernel; auto = triton on CUDA, sdpa elsewhere
@@ -137,9 +137,11 @@ class ImplConfig:
     distributed: str = "auto"  # multi-process engine; auto = ddp under torchrun, else none
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     compile_mode: str = "default"  # torch.compile's mode (impl.py)
+    peak_tflops: float | None = None  # the GPU's dense 16-bit peak for MFU; null = impl.py's table, by device name
+    activation_checkpointing: bool = False  # recompute each block in the backward pass: less memory, more compute
 
     RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16"),
-                             "num_workers": ">= 0"}
+                             "num_workers": ">= 0", "peak_tflops": "> 0 or null"}
 
 
 @dataclass

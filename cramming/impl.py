@@ -10,10 +10,16 @@ import torch
 from .errors import UserError
 from .model.registry import Registry, invalid
 
-# Dense bf16 tensor-core peaks (TFLOP/s) from the vendor datasheets, by a part of torch.cuda.get_device_name();
-# the longest part found wins, since one name holds another ("H200" in "H200 NVL", "L4" in "L40S").
+# Dense 16-bit tensor-core peaks with fp32 accumulation (what autocast runs: bf16 from compute capability 8.0,
+# fp16 before it), TFLOP/s, from the vendor datasheets and architecture whitepapers, by a part of
+# torch.cuda.get_device_name(); the longest part found wins, since one name holds another ("H200" in "H200 NVL",
+# "L4" in "L40S", "V100" in "V100-PCIE"). GeForce cards accumulate in fp32 at half their fp16-accumulate rate.
+# impl.peak_tflops overrides the table for any other card.
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200 NVL": 835.0, "H200": 989.4,
-               "A100": 312.0, "A6000": 154.8, "L40S": 362.0, "L40": 181.0, "L4": 121.0}
+               "A100": 312.0, "A6000": 154.8, "RTX A4000": 76.7, "L40S": 362.0, "L40": 181.0, "L4": 121.0,
+               "RTX 4090": 165.2, "RTX 3090": 71.0, "RTX 2080 Ti": 53.8,
+               "V100": 125.0, "V100-PCIE": 112.0, "V100S": 130.0, "T4": 65.0}
+BF16_CAPABILITY = (8, 0)  # Ampere: the first tensor cores with bf16; older GPUs train in fp16 with a grad scaler
 
 
 @dataclass
@@ -25,6 +31,7 @@ class Runtime:
     rotary: str = "torch"  # a name in ROTARY_IMPLS
     loss: str = "plain"  # fused | plain (model/fused_loss.py)
     compile_mode: str = "default"  # a name in COMPILE_MODES: what the engine passes to torch.compile
+    peak_tflops: float | None = None  # impl.peak_tflops: the user's figure for MFU instead of the table's
 
     def autocast(self):
         """A context factory: autocast for bf16/fp16, nothing for fp32."""
@@ -34,7 +41,10 @@ class Runtime:
         return functools.partial(torch.autocast, self.device.type, dtype=dtype)
 
     def peak_flops(self) -> float | None:
-        """The device's datasheet dense bf16/fp16 tensor-core peak, for MFU; None where unknown (CPUs, fp32)."""
+        """The device's datasheet dense bf16/fp16 tensor-core peak, for MFU; None where unknown (CPUs, fp32).
+        impl.peak_tflops, where given, is the peak whatever the device."""
+        if self.peak_tflops is not None:
+            return self.peak_tflops * 1e12
         if self.device.type != "cuda" or self.precision == "fp32":
             return None
         name = torch.cuda.get_device_name(self.device)
@@ -108,16 +118,22 @@ def resolve(impl, arch=None) -> Runtime:
     if device_name == "cuda" and not torch.cuda.is_available():
         raise UserError("impl.device=cuda but no CUDA device is visible; use impl=cpu or impl=auto")
     device = torch.device(device_name)
-    precision = impl.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    precision = auto_precision(device) if impl.precision == "auto" else impl.precision
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device, dtype)
     loss = impl.loss if impl.loss != "auto" else auto_loss(device)
     if problem := compile_mode_problem(impl.compile_mode, compile_, impl.compile, device.type):
         raise UserError(problem)
-    return Runtime(device, precision, compile_, attention, rotary, loss, impl.compile_mode)
+    return Runtime(device, precision, compile_, attention, rotary, loss, impl.compile_mode, impl.peak_tflops)
+
+
+def auto_precision(device: torch.device) -> str:
+    """impl.precision=auto: bf16 autocast on GPUs from compute capability 8.0, fp16 with the grad scaler on older
+    ones (V100, T4, RTX 20xx: fp32 there would forgo their tensor cores), fp32 on CPUs."""
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.get_device_capability(device) >= BF16_CAPABILITY else "fp16"
 
 
 

@@ -38,6 +38,7 @@ from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
 from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.state import TrainState
+from .train.recompute import recompute_blocks
 from .train.trainer import Budget, Parts, Trainer
 
 
@@ -111,6 +112,8 @@ def prepare(config: PretrainConfig, engine) -> tuple[Path, dict]:
 def place(config: PretrainConfig, model, runtime, engine):
     """The model on its device under the engine, with its optimizer and grad scaler."""
     model.to(runtime.device)
+    if config.impl.activation_checkpointing:  # before the engine and the microbatch probe see it
+        recompute_blocks(model)
     model = engine.wrap(model, runtime.device)  # before the optimizer: FSDP2 swaps the parameters
     optimizer = build_optimizer(model, config.train, runtime.device)
     return engine.prepare(model, optimizer, config, runtime, microbatch_size(config))
