@@ -169,7 +169,7 @@ def test_mup_with_adamw_and_lion_is_accepted():
 
 
 def test_the_kv_cache_path_uses_the_same_scale():
-    """A cached step (attend_to_cache) gives the logits of the full forward under muP's scale (init_std 0.5: at
+    """A cached step (attention.attend_at) gives the logits of the full forward under muP's scale (init_std 0.5: at
     0.02 the scores are all about 0 and no scale would show)."""
     m, tokens = model(128, base=32, init_std=0.5).eval(), ids()
     with torch.no_grad():

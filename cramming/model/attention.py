@@ -107,23 +107,27 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
     return (probs @ v.float()).to(q.dtype)
 
 
-def attend_to_cache(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_args, dropout_p=0.0,
-                    scale=None):
-    """The queries of the last q.shape[2] positions against all k.shape[2] keys (a KV cache's step), with the same
-    mask and bias as the square kernels: the pattern's mask at absolute positions, causality, padding, ALiBi and
-    the given bias. One formula for every impl.attention (the fused kernels need equal q and k lengths): SDPA with
-    the mask as an additive bias, or the eager formula for top-k; a query that sees nothing gets zeros."""
-    key_pos = torch.arange(k.shape[2], device=q.device)
-    query_pos = key_pos[k.shape[2] - q.shape[2]:]
-    visible = pattern.visible(query_pos, key_pos, **pattern_args)
+def attend_at(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_args, positions=None, dropout_p=0.0,
+              scale=None):
+    """The queries of the last q.shape[2] rows against all k.shape[2] keys (a KV cache's step, or queries whose
+    mask needs their positions), with the same mask and bias as the square kernels: the pattern's mask, causality,
+    padding, ALiBi and the given bias. Distances (causality, windows, ALiBi) count the tensor's indices, which are
+    the real tokens' distances when padding is only on the left or the right; an absolute pattern (stepped) is
+    computed at `positions` (rotary.Positions: position_ids) when given. One formula for every impl.attention (the
+    fused kernels need equal q and k lengths): SDPA with the mask as an additive bias, or the eager formula for
+    top-k; a query that sees nothing gets zeros."""
+    key_idx = torch.arange(k.shape[2], device=q.device)
+    query_idx = key_idx[k.shape[2] - q.shape[2]:]
+    at = (positions.ids, positions.key_ids) if positions is not None and pattern.absolute else (query_idx, key_idx)
+    visible = pattern.visible(*at, **pattern_args)
     if visible is None:
-        visible = torch.ones(query_pos.shape[0], key_pos.shape[0], dtype=torch.bool, device=q.device)
+        visible = torch.ones(query_idx.shape[0], key_idx.shape[0], dtype=torch.bool, device=q.device)
     if causal:
-        visible = visible & (query_pos[:, None] >= key_pos[None, :])
-    visible = visible[None, None]
+        visible = visible & (query_idx[:, None] >= key_idx[None, :])
+    visible = visible.reshape(-1, 1, *visible.shape[-2:])  # (1 or batch, 1, queries, keys)
     if key_padding_mask is not None:
         visible = visible & key_padding_mask[:, None, None, :].bool()
-    additive = alibi_bias_at(query_pos, key_pos, q.shape[1]) if alibi else torch.zeros((), device=q.device)
+    additive = alibi_bias_at(query_idx, key_idx, q.shape[1]) if alibi else torch.zeros((), device=q.device)
     if bias is not None:
         additive = additive + bias.float()
     additive = additive.masked_fill(~visible, float("-inf"))
@@ -175,10 +179,11 @@ class SelfAttention(nn.Module):
                 bias: torch.Tensor | None = None, cache: LayerCache | None = None,
                 value_embedding: torch.Tensor | None = None, positions=None) -> torch.Tensor:
         """bias: an additive score bias shared by the layers (the T5 relative-position bias), or None.
-        cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones).
+        cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones, at
+        positions cache.past onwards; with an empty cache, the prompt, the kernel runs as without one).
         value_embedding: this layer's (batch, seq, hidden) value embedding (value_embeddings.py), or None.
-        positions: where x's rows sit in the whole sequence when they are a subset of it (rotary.Positions: token
-        dropping), or None for rows 0 .. seq - 1; only rotary reads them."""
+        positions: where x's rows sit when not at their indices (rotary.Positions: token dropping's subset, or the
+        caller's position_ids), or None; rotary turns by them, an absolute pattern (stepped) masks by them."""
         batch, seq_len, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
@@ -187,24 +192,14 @@ class SelfAttention(nn.Module):
             v = self.value_mix(v, value_embedding)
         q, k, v = autocast_dtype(q, k, v)
         dropout_p = self.dropout if self.training else 0.0
+        if self.rotary is not None:  # before the keys are cached: the cache keeps them turned
+            q, k = self.rotary(q, k, 0 if cache is None else cache.past, positions)
         if cache is not None:
-            y = self.attend_with_cache(q, k, v, key_padding_mask, bias, cache, dropout_p)
+            k, v = cache.append(k, v)
+        if (cache is not None and cache.past) or (positions is not None and self.pattern.absolute):
+            y = attend_at(q, k, v, key_padding_mask, self.causal, self.alibi, bias, self.pattern, self.pattern_args,
+                          positions, dropout_p, **self.scale)
         else:
-            if self.rotary is not None:
-                q, k = self.rotary(q, k, positions=positions)
             y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
                             dropout_p=dropout_p, bias=bias, **self.pattern_args, **self.scale)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
-
-    def attend_with_cache(self, q, k, v, key_padding_mask, bias, cache: LayerCache, dropout_p: float):
-        """The new tokens sit at positions cache.past onwards: rotary turns them by those angles before their keys
-        are stored. With an empty cache (the prompt) the kernel runs as without a cache; later steps attend to the
-        whole cache (key_padding_mask and bias then cover every key)."""
-        if self.rotary is not None:
-            q, k = self.rotary(q, k, cache.past)
-        k, v = cache.append(k, v)
-        if cache.past == 0:
-            return self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
-                               dropout_p=dropout_p, bias=bias, **self.pattern_args, **self.scale)
-        return attend_to_cache(q, k, v, key_padding_mask, self.causal, self.alibi, bias, self.pattern,
-                               self.pattern_args, dropout_p, **self.scale)

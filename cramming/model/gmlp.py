@@ -81,21 +81,25 @@ class GMLPBlock(nn.Module):
         tiny = self.tiny_attention.flops_per_token(seq_len) if self.tiny_attention is not None else 0
         return linear_flops(self) + 2 * seq_len * self.half + tiny
 
-    def gate(self, x, key_padding_mask):
+    def gate(self, x, key_padding_mask, positions=None):
         seq_len = x.shape[1]
         u, v = self.act(self.up(x)).chunk(2, dim=-1)
         v = self.gate_norm(v)
         if key_padding_mask is not None:  # padding must not leak into real positions through the mixing
             v = v * key_padding_mask[..., None].to(v.dtype)
-        weight = self.spatial[:seq_len, :seq_len]
+        weight, bias = self.spatial[:seq_len, :seq_len], self.spatial_bias[:seq_len, None]
+        if positions is not None:  # each row's own (position_ids): a left-padded row mixes as it would alone
+            ids = positions.ids
+            weight, bias = self.spatial[ids[:, :, None], ids[:, None, :]], self.spatial_bias[ids][..., None]
         if self.causal:
-            weight = weight.tril()
-        v = torch.einsum("ij,bjd->bid", weight.to(v.dtype), v) + self.spatial_bias[:seq_len, None].to(v.dtype)
+            weight = weight.tril()  # by index: the real tokens' order, whatever padding precedes them
+        v = torch.matmul(weight.to(v.dtype), v) + bias.to(v.dtype)  # (seq or batch x seq, seq) @ (batch, seq, d)
         if self.tiny_attention is not None:
             v = v + self.tiny_attention(x, key_padding_mask)
         return self.down(u * v)
 
-    def forward(self, x, key_padding_mask=None, bias=None):
+    def forward(self, x, key_padding_mask=None, bias=None, positions=None):
+        """positions: rotary.Positions of the caller's position_ids, or None for rows 0 .. seq - 1."""
         if self.pre_norm:
-            return x + self.dropout(self.gate(self.norm(x), key_padding_mask))
-        return self.norm(x + self.dropout(self.gate(x, key_padding_mask)))
+            return x + self.dropout(self.gate(self.norm(x), key_padding_mask, positions))
+        return self.norm(x + self.dropout(self.gate(x, key_padding_mask, positions)))

@@ -19,7 +19,7 @@ from .configuration_crammed import CrammedConfig
 from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
 from .inits import init_std
-from .kv_cache import CACHE_KEY, LayerCache
+from .kv_cache import CACHE_KEY, LayerCache, position_ids_from_mask, token_positions
 from .losses import LOSSES, head_logits
 from .norms import ScaleNorm, build_norm
 from .parametrization import mark_hidden, parametrization
@@ -107,17 +107,23 @@ class CrammedModel(CrammedPreTrainedModel):
     def set_input_embeddings(self, value):
         self.tokens = value
 
-    def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, keep=None,
+    def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, keep=None, position_ids=None,
                 **unused) -> BaseModelOutput:
         """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
         after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too.
         keep: the (batch, k) positions the token-dropping layers update (token_dropping.py: the first of them, with
         cross_first, reads every token); the other tokens skip those layers unchanged. None: every layer sees every
-        token."""
+        token.
+        position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
+        counts). Generation passes them derived from the mask (kv_cache.position_ids_from_mask), so a left-padded
+        prompt's tokens sit where they would alone: they pick the position table's rows, turn rotary and place
+        stepped blocks. Distances (causality, windows, ALiBi, T5 buckets) count the tensor's indices, the same
+        between real tokens when padding is only on the left or the right."""
         seq_len = input_ids.shape[1]
         past = 0 if cache is None else self.cache_length(cache, attention_mask, seq_len)
+        where = token_positions(position_ids, attention_mask, past, seq_len)  # per-forward: every layer gets it
         x = self.tokens(input_ids)
-        pos = self.positions(seq_len, past)
+        pos = self.positions(seq_len, past, None if where is None else where.ids)
         if pos is not None:
             x = x + pos.to(x.dtype)
         x = self.embedding_project(self.dropout(self.embedding_norm(x)))
@@ -136,11 +142,13 @@ class CrammedModel(CrammedPreTrainedModel):
             extra = {"value_embedding": values[i]} if i in values else {}
             if cache is not None:
                 extra["cache"] = LayerCache(cache, i, past)
+            if where is not None:
+                extra["positions"] = where
             cross = dropping is not None and i == dropping.start and self.config.token_dropping.cross_first
             if dropping is not None and i == dropping.start:  # the dropped tokens wait here, as they are, until `last`
                 whole, whole_mask = x, key_padding_mask
             if dropping is not None and i in dropping and not cross:  # the kept tokens alone, queries and keys
-                extra["positions"] = Positions(keep, seq_len)
+                extra["positions"] = Positions(keep if where is None else where.ids.gather(1, keep), seq_len)
                 if i == dropping.start:
                     x, key_padding_mask = self.kept(x, whole_mask, keep)
             x = layer(x, key_padding_mask, bias, **extra)
@@ -232,7 +240,8 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
     new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
     those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
-    blocks keep no keys and values (gMLP, block.cache_refusal) always take the uncached path.
+    blocks keep no keys and values (gMLP, block.cache_refusal) always take the uncached path. A left-padded batch
+    generates what each prompt would alone: positions count only the real tokens (prepare_inputs_for_generation).
     """
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
@@ -257,13 +266,19 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, logits_to_keep=0,
                                       **kwargs):
         """Only the tokens the cache has not seen, with the attention mask of all of them; every token when the
-        cache is off or refused (whatever step generate is at, so a refused cache never truncates the input)."""
+        cache is off or refused (whatever step generate is at, so a refused cache never truncates the input).
+        A padded mask gives position_ids by transformers' rule (kv_cache.position_ids_from_mask), those of the
+        tokens fed: a left-padded prompt generates what it would alone."""
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        position_ids = position_ids_from_mask(attention_mask) if padded else None
         inputs = {"attention_mask": attention_mask, "logits_to_keep": logits_to_keep}
         if use_cache is False or cache_refusal(self.config) is not None:
-            return {**inputs, "input_ids": input_ids, "use_cache": False}
+            return {**inputs, "input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
         cache = kwargs.get(CACHE_KEY)
         cache = cache if cache is not None else DynamicCache(config=self.config)
-        return {**inputs, "input_ids": input_ids[:, cache.get_seq_length():], CACHE_KEY: cache, "use_cache": True}
+        past = cache.get_seq_length()
+        return {**inputs, "input_ids": input_ids[:, past:], CACHE_KEY: cache, "use_cache": True,
+                "position_ids": None if position_ids is None else position_ids[:, past:]}
 
     def cache_to_use(self, cache, use_cache):
         """The cache this forward fills: the given one, a new DynamicCache for use_cache=True, or None. Blocks that
@@ -277,13 +292,13 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         return cache if cache is not None else DynamicCache(config=self.config)
 
     def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, logits_to_keep=0,
-                return_dict=None, **kwargs) -> CausalLMOutputWithPast:
+                position_ids=None, return_dict=None, **kwargs) -> CausalLMOutputWithPast:
         """With `use_cache=True` or a cache given (under the name transformers uses, kv_cache.CACHE_KEY), the
         cache is filled and returned; input_ids are then the tokens after the cached ones. logits_to_keep: the
         last positions whose logits are computed (0: all); generate asks for 1, sparing the vocabulary projection
-        of every other position, with or without a cache."""
+        of every other position, with or without a cache. position_ids: CrammedModel.forward's."""
         cache = self.cache_to_use(kwargs.get(CACHE_KEY), use_cache)
-        hidden = self.encoder(input_ids, attention_mask, cache=cache).last_hidden_state
+        hidden = self.encoder(input_ids, attention_mask, cache=cache, position_ids=position_ids).last_hidden_state
         if labels is None:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = head_logits(hidden[:, keep], self.decoder, self.config.logit_softcap, self.logit_multiplier)

@@ -16,6 +16,9 @@ class Global:
     kernel_note = None  # why a kernel lacking this pattern's arguments cannot compute it, where not obvious
     windowed = False  # its mask depends on arch.attention.window (train.window_schedule changes it)
     token_subsets = True  # its mask holds on a subset of the tokens (arch.token_dropping): it reads no positions
+    # its mask depends on where the tokens are, not only on how far apart: given position_ids (left-padded
+    # generation), it is computed at them instead of at the tensor's indices (attention.attend_at)
+    absolute = False
 
     def kernel_args(self, config) -> dict:
         """The keyword arguments the attention kernels get for this pattern (config: a CrammedConfig)."""
@@ -23,8 +26,8 @@ class Global:
 
     def visible(self, query_pos, key_pos, **kernel_args):
         """Which keys the queries at query_pos may see, by this pattern alone (causality and padding come on top):
-        a (queries, keys) bool tensor, or None for all of them. kernel_args: what kernel_args gave. The rule of
-        masks.py, at absolute positions."""
+        a (queries, keys) bool tensor, or None for all of them; positions of shape (batch, n) give (batch, queries,
+        keys). kernel_args: what kernel_args gave. The rule of masks.py, at absolute positions."""
         return None
 
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
@@ -44,7 +47,7 @@ class Local(Global):
         return {"window": config.attention.window}
 
     def visible(self, query_pos, key_pos, window=None, **unused):
-        return (query_pos[:, None] - key_pos[None, :]).abs() <= window
+        return (query_pos[..., :, None] - key_pos[..., None, :]).abs() <= window
 
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
         w, seq_length = config.arch.attention.window, seq_length or config.data.seq_length
@@ -60,12 +63,13 @@ class Stepped(Global):
 
     windowed = True
     token_subsets = False
+    absolute = True  # the blocks start at position 0: left padding would shift them
 
     def kernel_args(self, config) -> dict:
         return {"stepped": config.attention.window}
 
     def visible(self, query_pos, key_pos, stepped=None, **unused):
-        block_offset = query_pos[:, None] // stepped - key_pos[None, :] // stepped
+        block_offset = query_pos[..., :, None] // stepped - key_pos[..., None, :] // stepped
         return (block_offset == 0) | (block_offset == 1)
 
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:

@@ -27,14 +27,20 @@ def sinusoid_table(length: int, dim: int) -> torch.Tensor:
     return table
 
 
+def rows(table: torch.Tensor, seq_len: int, offset: int, ids: torch.Tensor | None) -> torch.Tensor:
+    """A position table's rows: (seq, dim) for positions offset onwards, or (batch, seq, dim) at the given ids."""
+    return table[offset:offset + seq_len] if ids is None else table[ids]
+
+
 class LearnedPositions(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.embedding = nn.Embedding(config.max_seq_length, config.hidden_size)
 
-    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
-        """The rows of positions offset .. offset + seq_len - 1 (offset: tokens already in a KV cache)."""
-        return self.embedding.weight[offset:offset + seq_len]
+    def forward(self, seq_len: int, offset: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of positions offset .. offset + seq_len - 1 (offset: tokens already in a KV cache), or of the
+        (batch, seq) position ids when given (left padding: modeling_crammed.token_positions)."""
+        return rows(self.embedding.weight, seq_len, offset, ids)
 
 
 class SinusoidalPositions(nn.Module):
@@ -44,8 +50,8 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         self.register_buffer("table", sinusoid_table(config.max_seq_length, config.hidden_size), persistent=False)
 
-    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
-        return self.table[offset:offset + seq_len]
+    def forward(self, seq_len: int, offset: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
+        return rows(self.table, seq_len, offset, ids)
 
 
 class ScaledSinusoidalPositions(SinusoidalPositions):
@@ -55,8 +61,8 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
         super().__init__(config)
         self.scale = nn.Parameter(torch.full((1,), 1.0 / math.sqrt(config.hidden_size)))  # 1-D for FSDP2
 
-    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
-        return self.scale * self.table[offset:offset + seq_len]
+    def forward(self, seq_len: int, offset: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.scale * rows(self.table, seq_len, offset, ids)
 
 
 class NoPositions(nn.Module):
@@ -65,7 +71,7 @@ class NoPositions(nn.Module):
     def __init__(self, config):
         super().__init__()
 
-    def forward(self, seq_len: int, offset: int = 0):
+    def forward(self, seq_len: int, offset: int = 0, ids=None):
         return None
 
 

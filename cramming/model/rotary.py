@@ -89,10 +89,16 @@ def apply_rotary_torch(x, cos, sin, position_ids=None, rotary_pct=1.0, interleav
 
 
 class Positions(NamedTuple):
-    """Where the rows of q and k sit when they are a subset of a sequence's tokens (token dropping)."""
+    """Where the rows of q and k sit when that is not simply 0 .. seq - 1: a subset of a sequence's tokens (token
+    dropping), or positions given by the caller (position_ids: left-padded generation counts only real tokens)."""
 
-    ids: torch.Tensor  # (batch, rows) positions in the sequence
-    seq_len: int  # the whole sequence's length: the table must reach its last position
+    ids: torch.Tensor  # (batch, rows) the rows' positions
+    seq_len: int  # a bound on every position: the tables must reach it
+    keys: torch.Tensor | None = None  # (batch, keys) the keys' positions when they are more rows (a KV cache)
+
+    @property
+    def key_ids(self) -> torch.Tensor:
+        return self.ids if self.keys is None else self.keys
 
 
 class Rotation:
@@ -107,10 +113,11 @@ class Rotation:
                  positions: Positions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """offset: the absolute position of the first token (tokens already in a KV cache). Generation asks for
         the table of max_seq_length positions and slices it, so the growing prefix reuses one cached table.
-        positions: each row's own position, when the rows are a subset of the sequence (token dropping)."""
+        positions: each row's own position (token dropping, position_ids); offset is then unused."""
         rotary_dim = int(q.shape[-1] * self.pct) // 2 * 2
         if positions is not None:
-            cos, sin = rotary_cos_sin(positions.seq_len, rotary_dim, self.base, q.device, torch.float32)
+            cos, sin = rotary_cos_sin(max(self.max_seq_length, positions.seq_len), rotary_dim, self.base, q.device,
+                                      torch.float32)
             return (self.kernel(q, cos, sin, positions.ids, self.pct, self.interleaved),
                     self.kernel(k, cos, sin, positions.ids, self.pct, self.interleaved))
         if offset:
