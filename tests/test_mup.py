@@ -1,7 +1,8 @@
 """arch.parametrization=mup (model/parametrization.py), observed: the coordinate check (how much a few Adam steps
 move the logits stays flat with width under muP and grows under the standard parametrization), muP at its base
-width being the standard parametrization exactly, the init, learning-rate groups, logit multiplier and attention
-scale it sets, and the refusals."""
+width being the standard parametrization exactly, the init (arch.init=small composed with it), learning-rate and
+weight-decay groups, readout W (h / m) + b and attention scale it sets, each against the `mup` package's rule, and
+the refusals."""
 
 import math
 from pathlib import Path
@@ -178,3 +179,86 @@ def test_the_kv_cache_path_uses_the_same_scale():
         step = m(tokens[:, -1:], attention_mask=torch.ones_like(tokens), use_cache=True,
                  **{CACHE_KEY: getattr(prompt, CACHE_KEY)}).logits[:, -1]
     torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lion"])
+def test_hidden_matrices_decay_by_lr_times_wd_at_every_width(name):
+    """The `mup` package's MuAdam (optim.py), for an optimizer whose decay is lr * wd (torch's AdamW and our Lion:
+    p <- p (1 - lr wd), its decoupled_wd=False): "group['lr'] /= width_mult; if not decoupled_wd:
+    group['weight_decay'] *= width_mult". So lr * wd is train.lr * train.weight_decay at m = 1, 2, 4, and one step
+    on a zero gradient (no Adam or Lion update, decay alone) shrinks a hidden matrix by the same factor everywhere."""
+    cfg = TrainConfig(lr=1e-2, weight_decay=0.1)
+    cfg.optim.name = name
+    for width in (32, 64, 128):  # base 32: m = 1, 2, 4
+        m = model(width, base=32)
+        optimizer = build_optimizer(m, cfg, torch.device("cpu"))
+        hidden = {id(p) for p in hidden_weights(m)}
+        groups = [g for g in optimizer.param_groups if {id(p) for p in g["params"]} & hidden]
+        assert len(groups) == 1 and {id(p) for p in groups[0]["params"]} >= hidden
+        assert groups[0]["lr"] * groups[0]["weight_decay"] == pytest.approx(1e-3, rel=1e-12), width
+        before = [w.detach().clone() for w in hidden_weights(m)]
+        for p in m.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        for weight, old in zip(hidden_weights(m), before):
+            torch.testing.assert_close(weight.detach(), old * (1 - 1e-3), rtol=1e-6, atol=0)
+
+
+def std_of(m):
+    """(hidden matrices' std, token embeddings' std) of a fresh model."""
+    hidden = torch.cat([w.detach().flatten() for w in hidden_weights(m)])
+    return hidden.std().item(), m.encoder.tokens.weight.std().item()
+
+
+def test_small_init_composes_with_mup():
+    """muP's init (the `mup` package's init.py): its initializers "behave exactly the same as the torch versions
+    when the model shapes are equal to their base shapes" and "scale with width correctly": hidden (two infinite
+    dims) std times width_mult**-0.5, so variance 1 / fan_in, and input weights (embeddings) constant; its normal_
+    asks for an std that does not "depend on fan-in, fan-out, or other notions of width". arch.init=small's
+    sqrt(2 / (5 width)) is therefore taken at the base width and muP scales it: the hidden std falls as
+    1 / sqrt(m) (x1/2 from 64 to 256, not 1/4) and the embeddings keep the base model's std."""
+    (h64, e64), (h256, e256) = (std_of(model(w, base=64, init="small", vocab_size=4096)) for w in (64, 256))
+    assert h256 / h64 == pytest.approx(0.5, rel=0.05)
+    assert h64 == pytest.approx((2 / (5 * 64)) ** 0.5, rel=0.05)
+    assert e256 == pytest.approx(e64, rel=0.05) and e64 == pytest.approx((2 / (5 * 64)) ** 0.5, rel=0.05)
+    standard = std_of(model(256, "standard", init="small", vocab_size=4096))  # unchanged: all width 256
+    assert standard == pytest.approx(((2 / (5 * 256)) ** 0.5,) * 2, rel=0.05)
+    assert h256 == pytest.approx(standard[0], rel=0.05)  # the hidden matrices get small's own std at this width
+
+
+def readout_model(head):
+    m = model(128, base=32, head=head, bias=True, logit_softcap=3.0).eval()  # m = 4
+    with torch.no_grad():
+        m.decoder.bias.normal_(0, 1.0)  # zero at init: a bias scaled or not would look the same
+    return m
+
+
+@pytest.mark.parametrize("head", [CrammedForCausalLM, CrammedForMaskedLM])
+def test_readout_scales_its_input_not_its_bias(head):
+    """The `mup` package's MuReadout (layer.py): forward returns super().forward(self.output_mult * x /
+    self.width_mult()), i.e. W (h / m) + b, the bias unscaled; then arch.logit_softcap. Every head path computes
+    that: the model's logits (generation's logits_to_keep too), and the plain and fused losses with their
+    gradients; (W h + b) / m, the old rule, differs."""
+    m, tokens = readout_model(head), ids()
+    with torch.no_grad():
+        hidden = m.encoder(tokens).last_hidden_state
+        hidden = m.transform(hidden) if head is CrammedForMaskedLM else hidden
+        raw = hidden @ m.decoder.weight.t() / 4 + m.decoder.bias
+        want = 3.0 * torch.tanh(raw / 3.0)
+        old = 3.0 * torch.tanh((hidden @ m.decoder.weight.t() + m.decoder.bias) / 4 / 3.0)
+        torch.testing.assert_close(m(tokens).logits, want)
+        assert (want - old).abs().max() > 0.1
+        if head is CrammedForCausalLM:
+            torch.testing.assert_close(m(tokens, logits_to_keep=1).logits, want[:, -1:])
+    targets = torch.randint(0, 256, hidden.shape[:2])
+    results = {}
+    for name in ("plain", "fused"):
+        h = hidden.clone().requires_grad_()
+        m.decoder.zero_grad()
+        loss, _ = LOSSES[name](h, m.decoder, targets, True, 3.0, 0.25)
+        loss.backward()
+        results[name] = (loss, h.grad, m.decoder.weight.grad.clone(), m.decoder.bias.grad.clone())
+    torch.testing.assert_close(results["plain"][0], torch.nn.functional.cross_entropy(
+        want.reshape(-1, 256), targets.reshape(-1)))
+    for plain, fused in zip(results["plain"], results["fused"]):
+        torch.testing.assert_close(fused, plain)

@@ -18,10 +18,10 @@ LOSSES = Registry("loss")
 
 
 def head_logits(hidden: torch.Tensor, decoder: nn.Linear, softcap: float | None = None, multiplier: float = 1.0):
-    """The head's logits: the decoder's, times the output multiplier (arch.parametrization: 1 / m under mup),
-    then soft-capped at softcap if set."""
-    logits = decoder(hidden)
-    return soft_cap(logits if multiplier == 1.0 else logits * multiplier, softcap)
+    """The head's logits: the decoder applied to the hidden states times the output multiplier
+    (arch.parametrization: 1 / m under mup), W (h / m) + b as the `mup` package's MuReadout (the bias is not
+    scaled), then soft-capped at softcap if set."""
+    return soft_cap(decoder(hidden if multiplier == 1.0 else hidden * multiplier), softcap)
 
 
 @LOSSES.register_one("plain")
@@ -58,8 +58,7 @@ class FusedLoss(PlainLoss):
 
     @staticmethod
     def fused(hidden, decoder, targets, softcap, multiplier, token_losses):
-        # no logits, ever in full; m (h W^T + b) = (m h) W^T + m b: the multiplier scales the rows, not the weight
-        bias = decoder.bias
+        # no logits, ever in full; head_logits' (m h) W^T + b: the multiplier scales the rows, not the weight or bias
         if multiplier != 1.0:
-            hidden, bias = hidden * multiplier, None if bias is None else bias * multiplier
-        return linear_cross_entropy(hidden, decoder.weight, bias, targets, softcap, token_losses)
+            hidden = hidden * multiplier
+        return linear_cross_entropy(hidden, decoder.weight, decoder.bias, targets, softcap, token_losses)

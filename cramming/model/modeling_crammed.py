@@ -37,7 +37,7 @@ class CrammedPreTrainedModel(PreTrainedModel):
 
     @property
     def logit_multiplier(self) -> float:
-        """What the LM head multiplies its logits by (arch.parametrization: 1 / m under mup, else 1)."""
+        """What the LM head multiplies its input by: W (h * this) + b (1 / m under mup, else 1)."""
         return parametrization(self.config).output_multiplier(self.config)
 
     def init_std_for(self, module) -> float:

@@ -5,10 +5,14 @@ optimizers (Yang et al. 2022, "Tensor Programs V", Table 3 and 8; the `mup` pack
 a learning rate tuned at width arch.mup_base_width transfers to wider models. With width multiplier
 m = hidden_size / mup_base_width:
 - hidden matrices (every dense projection inside the blocks, and the MLM head's transform) start at std
-  init_std / sqrt(m) (fan-in scaling) and get Adam learning rate train.lr / m;
+  init_std / sqrt(m) (fan-in scaling: variance 1 / fan_in) and get Adam learning rate train.lr / m and weight
+  decay train.weight_decay * m, so their decay per step, lr * wd, is the base width's (MuAdam's rule for decay
+  that is multiplied by the lr, as torch's AdamW and our Lion do);
 - embeddings, norms, biases and the scalar mixing weights keep their init and learning rate;
-- the output logits are multiplied by 1 / m (the readout is tied to the embeddings: the logits are scaled, never
-  the shared weight), before arch.logit_softcap;
+- arch.init is evaluated at the base width (init_width): `small`'s sqrt(2 / (5 width)) then gives the embeddings
+  the base model's std at every width and the hidden matrices sqrt(2 / (5 hidden_size)), 1 / fan_in variance;
+- the readout's input is multiplied by 1 / m, W (h / m) + b as MuReadout (the readout is tied to the embeddings:
+  the hidden states are scaled, never the shared weight, and the bias is not scaled), before arch.logit_softcap;
 - attention scores are scaled by sqrt(d0) / d instead of 1 / sqrt(d), where d is the head dim and d0 the head dim
   at the base width (same heads): 1/d as muP asks, equal to 1 / sqrt(d) at m = 1 (the `mup` examples' 8/d at
   d0 = 64).
@@ -31,6 +35,10 @@ class Standard:
     def width_multiplier(self, config) -> float:
         return 1.0
 
+    def init_width(self, config) -> int:
+        """The width arch.init's scheme is evaluated at (inits.py)."""
+        return config.hidden_size
+
     def hidden_std(self, config, std: float) -> float:
         return std
 
@@ -51,6 +59,11 @@ class Mup(Standard):
 
     def width_multiplier(self, config) -> float:
         return config.hidden_size / config.mup_base_width
+
+    def init_width(self, config) -> int:
+        """The base width: a width-dependent arch.init (small) gives the base model's stds, and hidden_std's
+        1 / sqrt(m) alone carries them to this width (else both scale: hidden std 1 / m, embeddings shrinking)."""
+        return config.mup_base_width
 
     def hidden_std(self, config, std: float) -> float:
         return std / math.sqrt(self.width_multiplier(config))

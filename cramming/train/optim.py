@@ -59,7 +59,12 @@ def decay_groups(params, cfg, lr: float) -> list[dict]:
 
 def width_groups(model, cfg) -> list[dict]:
     """decay_groups at train.lr, plus arch.parametrization's hidden matrices in a decayed group of their own at
-    train.lr times its factor (1 / m under mup); with a factor of 1 the groups are decay_groups' exactly."""
+    train.lr times its factor (1 / m under mup) and train.weight_decay divided by it (m under mup); with a factor
+    of 1 the groups are decay_groups' exactly.
+
+    For optimizers whose decoupled decay is lr * wd per step (torch's AdamW, our Lion): the `mup` package's MuAdam
+    with decoupled_wd=False does the same (lr /= width_mult, weight_decay *= width_mult), so a hidden matrix
+    decays by train.lr * train.weight_decay per step at every width, as at the base width."""
     config = getattr(model, "config", None)
     factor = parametrization(config).hidden_lr_factor(config)
     if factor == 1.0:
@@ -68,7 +73,7 @@ def width_groups(model, cfg) -> list[dict]:
     rest = [p for p in model.parameters() if id(p) not in hidden]
     lr = cfg.lr * factor
     return [*decay_groups(rest, cfg, cfg.lr),
-            {"params": hidden_weights(model), "weight_decay": cfg.weight_decay, "lr": lr, "base_lr": lr}]
+            {"params": hidden_weights(model), "weight_decay": cfg.weight_decay / factor, "lr": lr, "base_lr": lr}]
 
 
 def fused_adamw(groups: list[dict], cfg) -> torch.optim.AdamW:
