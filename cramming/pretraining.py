@@ -16,6 +16,7 @@ import torch
 from . import engines
 from . import impl as impl_
 from .atomic import write_atomic
+from .card import launch_command
 from .cli import cpu_recipe_note
 from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
@@ -287,6 +288,7 @@ def summarize(config, runtime, engine, parameters, flops, result, final, untrain
             "autotune": round(autotune_seconds(), 3),  # Triton kernels' compiling and autotuning: inside compile/train
         },
         "budget_hours": config.budget,
+        "command": launch_command(),  # the command that made the run (the model card shows it)
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "device": str(runtime.device),
         "distributed": {"engine": engine.name, "world_size": engine.world},

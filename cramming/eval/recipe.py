@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from .. import impl as impl_
 from ..atomic import write_atomic
+from ..card import add_evaluation
 from ..errors import UserError
 from ..hub import model_folder
 from ..train.checkpoint import SUMMARY, is_complete
@@ -203,5 +204,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in skipped.items():
         print(f"(skipped {name}: {reason})")
+    if add_evaluation(checkpoint, {"benchmark": benchmark.title, "seeds": config.eval.seeds, "comparable": comparable,
+                                   "scores": table_rows["pretrained"], "finished_at": results["finished_at"]}):
+        print(f"model card: {checkpoint / 'README.md'} (with these scores)", flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()
