@@ -66,10 +66,14 @@ def tiny_bert(folder, vocab_words):
     BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)}).save_pretrained(folder)
     bert = BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                       intermediate_size=64, max_position_embeddings=64))
-    with torch.no_grad():  # make every tensor matter: random biases, norms and token-type rows
+    with torch.no_grad():  # make every tensor matter: sharp attention, random biases, norms and token-type rows
         for name, p in bert.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias") or "token_type" in name:
-                p.normal_(0.3 if "weight" in name else 0.0, 0.1).add_(1.0 if name.endswith("LayerNorm.weight") else 0.0)
+            if name.endswith("LayerNorm.weight"):
+                p.normal_(1.0, 0.1)
+            elif "self.query" in name or "self.key" in name or "self.value" in name:
+                p.normal_(0.0, 0.5)
+            elif name.endswith("bias") or "token_type" in name or "LayerNorm" in name:
+                p.normal_(0.0, 0.3)
     bert.save_pretrained(folder)
     return bert.eval()
 
