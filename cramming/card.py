@@ -37,11 +37,11 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
     started = f"; started from the weights of `{summary['init_from']}`" if summary.get("init_from") else ""
     lines = [
         f"# {summary['name']}", "",
-        f"A {objective.upper()} model pretrained with [cramming](https://github.com/JonasGeiping/cramming)'s recipe "
-        f"on a wall-clock budget of {summary['budget_hours']:g} hours{started}.", "",
+        (f"A {objective.upper()} model pretrained with [cramming](https://github.com/JonasGeiping/cramming)'s recipe "
+         f"on a wall-clock budget of {summary['budget_hours']:g} hours{started}."), "",
         "| | |", "|---|---|",
-        f"| architecture | {arch['num_layers']} layers x {arch['hidden_size']} wide, {arch['num_heads']} heads, "
-        f"{arch['ffn']} FFN {arch['ffn_size']}, {arch['norm_position']}-norm, {arch['position']} positions |",
+        (f"| architecture | {arch['num_layers']} layers x {arch['hidden_size']} wide, {arch['num_heads']} heads, "
+         f"{arch['ffn']} FFN {arch['ffn_size']}, {arch['norm_position']}-norm, {arch['position']} positions |"),
         f"| parameters | {summary['parameters']:,} |",
         f"| data | {source}: {data['train_tokens']:,} training tokens, vocabulary {data['vocab_size']:,} |",
         f"| budget | {summary['budget_hours']:g} h on {summary['device']} ({summary['precision']}) |",
@@ -57,8 +57,8 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
 
 def evaluation_lines(evaluations) -> list[str]:
     if not evaluations:
-        return ["## Evaluation", "", "Not evaluated yet: `python eval.py checkpoint=<this folder>` adds its scores "
-                "here.", ""]
+        return ["## Evaluation", "", ("Not evaluated yet: `python eval.py checkpoint=<this folder>` adds its scores "
+                                      "here."), ""]
     lines = ["## Evaluation", ""]
     for run in evaluations:
         scores = run["scores"]
