@@ -98,6 +98,8 @@ class TrainConfig:
     checkpoint_every_minutes: float | None = 30.0  # null = only when stopped by a signal
     keep_checkpoints: int = 2  # checkpoints kept (the oldest are deleted)
     resume: str = "auto"  # auto (the newest complete checkpoint of the run), never, or a checkpoints/step-<n> folder
+    # a new run from these weights: a checkpoint/ or checkpoints/step-<n> folder, or a BertForMaskedLM (folder or hub id)
+    init_from: str | None = None
     nonfinite: str = "skip"  # what a non-finite loss or gradient does
     max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
     rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback

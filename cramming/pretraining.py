@@ -16,6 +16,7 @@ import torch
 from . import engines
 from . import impl as impl_
 from .atomic import write_atomic
+from .card import launch_command
 from .cli import cpu_recipe_note
 from .config import PretrainConfig, microbatch_size
 from .data.loader import train_batches
@@ -36,6 +37,7 @@ from .train.microbatch import auto_microbatch
 from .train.nonfinite import NONFINITE
 from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
+from .train.init_from import load_source, open_source, with_source_tokenizer
 from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.state import TrainState
 from .train.recompute import recompute_blocks
@@ -155,9 +157,16 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     runtime.device = engine.device(runtime.device)
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
     torch.set_flush_denormal(True)
+    source = open_source(config.train.init_from) if config.train.init_from else None
+    if source is not None:  # the run reads its text with the source's tokenizer
+        config = with_source_tokenizer(config, source, config.data.cache_dir)
     folder, meta = prepare(config, engine)
     tokenizer = load_tokenizer(folder)
     model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
+    if source is not None:
+        load_source(model, source, config.train.init_from, config.arch)
+        say(f"init_from: the weights of {source.folder} ({source.kind}); a new run: fresh optimizer, budget clock "
+            "and schedule", flush=True)
     torch.manual_seed(config.seed + engine.rank)  # same initial weights everywhere, different dropout
     parameters, flops = count_parameters(model), flops_per_token(model, config)
     say(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
@@ -167,6 +176,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     averaging = build_averaging(config.train, engine.unwrap(model))  # before the microbatch probe: EMA's memory
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
                                 json.loads(json.dumps(asdict(config))), engine, averaging)
+    checkpointer.tokenizer = tokenizer if engine.main else None
     state, resumed_from = resume(config, run_dir, engine, model, optimizer, scaler, say, averaging)
     step_model = engine.compile(model) if runtime.compile else model
     microbatch = choose_microbatch(config, model, meta, runtime, engine, say)
@@ -271,6 +281,7 @@ def summarize(config, runtime, engine, parameters, flops, result, final, untrain
         "skipped_steps": result["skipped_steps"],
         "rollbacks": result["rollbacks"],
         "resumed_from": str(resumed_from) if resumed_from else None,
+        "init_from": config.train.init_from,  # the weights the run started from (train.init_from), or null
         "wall_seconds": {
             "setup": round(seconds["setup"], 3),
             "compile": round(result["compile_seconds"], 3),
@@ -280,6 +291,7 @@ def summarize(config, runtime, engine, parameters, flops, result, final, untrain
             "autotune": round(autotune_seconds(), 3),  # Triton kernels' compiling and autotuning: inside compile/train
         },
         "budget_hours": config.budget,
+        "command": launch_command(),  # the command that made the run (the model card shows it)
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "device": str(runtime.device),
         "distributed": {"engine": engine.name, "world_size": engine.world},

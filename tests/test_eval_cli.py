@@ -200,3 +200,7 @@ def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
     with pytest.raises(UserError, match="no task could be loaded.*eval.data_dir"):
         evaluate_in_process(f"checkpoint={smoke_checkpoint}", "eval.data_dir=null", "eval.tasks=[rte,cola]",
                             "eval.skip_missing=true", *FAST, tmp_path=tmp_path / "offline")
+
+
+def test_an_unreachable_hub_id_is_one_line(tmp_path):
+    one_line_error(run_eval("checkpoint=nobody/no-such-model", *FAST, tmp_path=tmp_path), "hub is unreachable")

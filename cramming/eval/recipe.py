@@ -17,7 +17,9 @@ from transformers import AutoConfig, AutoTokenizer
 
 from .. import impl as impl_
 from ..atomic import write_atomic
+from ..card import add_evaluation
 from ..errors import UserError
+from ..hub import model_folder
 from ..train.checkpoint import SUMMARY, is_complete
 from . import multiple_choice, span  # noqa: F401  register the SuperGLUE heads (finetune.HEADS)
 from .benchmarks import BENCHMARKS
@@ -33,12 +35,10 @@ SUBSET_SEED = 0
 
 
 def find_checkpoint(config: EvalRunConfig) -> Path:
-    """checkpoint=<folder> as given, or the newest complete checkpoint of run `name` (by finish time)."""
+    """checkpoint=<folder or hub id> (a hub model is downloaded, or found in the hub cache offline), or the newest
+    complete checkpoint of run `name` (by finish time)."""
     if config.checkpoint:
-        path = Path(config.checkpoint).expanduser()
-        if not path.is_dir():
-            raise UserError(f"checkpoint={config.checkpoint!r}: no such folder")
-        return path.resolve()
+        return model_folder("checkpoint", config.checkpoint)
     runs = Path(config.runs_dir).expanduser()
     candidates = [p for p in list(runs.glob(f"{config.name}/*/checkpoint")) + list(runs.glob(f"{config.name}/*/*/checkpoint"))
                   if is_complete(p)]
@@ -204,5 +204,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in skipped.items():
         print(f"(skipped {name}: {reason})")
+    if add_evaluation(checkpoint, {"benchmark": benchmark.title, "seeds": config.eval.seeds, "comparable": comparable,
+                                   "scores": table_rows["pretrained"], "finished_at": results["finished_at"]}):
+        print(f"model card: {checkpoint / 'README.md'} (with these scores)", flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()

@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+from ..card import write_card
 from ..data.tokenizer import for_generation
 from ..engines import Engine
 from ..model import AUTO_MAP
@@ -40,6 +41,7 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
     if model.config.causal:  # prompts without a closing [SEP], decoded with their spaces
         tokenizer = for_generation(tokenizer)
     tokenizer.save_pretrained(tmp)
+    write_card(tmp, summary)  # README.md: the model card the hub shows
     with open(tmp / SUMMARY, "w") as fh:
         json.dump(summary, fh, indent=2)
         fh.flush()

@@ -56,6 +56,7 @@ class Checkpointer:
         self.keep, self.config = keep, config
         self.dist = engine or Engine()
         self.averaging = averaging  # train.averaging's state (averaging.py) goes into state.pt too
+        self.tokenizer = None  # the run's tokenizer, saved in every checkpoint (train.init_from reads it there)
         self.last_save = time.perf_counter()
 
     def due(self) -> bool:
@@ -80,6 +81,8 @@ class Checkpointer:
         if self.dist.main:
             torch.save(saved, tmp / "state.pt")
             (tmp / "config.json").write_text(json.dumps(self.config))  # read by find_resume, no tensors loaded
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp / "tokenizer")
         torch.save(capture_rng(), tmp / f"rng-{self.dist.rank}.pt")
         self.dist.barrier()
         if self.dist.main:

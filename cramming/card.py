@@ -1,0 +1,92 @@
+"""The model card of every checkpoint folder: `README.md` in Hugging Face's card format (YAML front matter, then
+markdown), so a folder pushed to the hub (`python -m cramming.push`) documents itself. pretrain.py writes it with
+the checkpoint (from train_summary.json); eval.py adds its scores when it evaluates one of our folders."""
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from .atomic import write_atomic
+
+CARD = "README.md"
+PIPELINES = {"mlm": "fill-mask", "clm": "text-generation"}  # rtd (ELECTRA) is a pretraining head: none
+LOADERS = {"mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM", "rtd": "AutoModelForPreTraining"}
+
+
+def launch_command() -> str:
+    """The command that made the run: pretrain.py and its overrides (Hydra's, when it launched the run)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except (ImportError, ValueError):  # not under Hydra (a library call): the process's own arguments
+        return " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    return " ".join(shlex.quote(a) for a in ["python", "pretrain.py", *overrides])
+
+
+def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
+    """The card of a checkpoint trained as `summary` (train_summary.json) says, with eval.py's results."""
+    config, data = summary["config"], summary["data"]
+    arch = config["arch"]
+    objective = arch["objective"]
+    front = ["---", "library_name: transformers", *([f"pipeline_tag: {PIPELINES[objective]}"]
+                                                      if objective in PIPELINES else []),
+             "tags:", "- cramming", f"- {objective}", "- custom_code", "---", ""]
+    source = config["data"]["source"] + (f" ({config['data']['path']})" if config["data"].get("path") else "")
+    started = f"; started from the weights of `{summary['init_from']}`" if summary.get("init_from") else ""
+    lines = [
+        f"# {summary['name']}", "",
+        (f"A {objective.upper()} model pretrained with [cramming](https://github.com/JonasGeiping/cramming)'s recipe "
+         f"on a wall-clock budget of {summary['budget_hours']:g} hours{started}."), "",
+        "| | |", "|---|---|",
+        (f"| architecture | {arch['num_layers']} layers x {arch['hidden_size']} wide, {arch['num_heads']} heads, "
+         f"{arch['ffn']} FFN {arch['ffn_size']}, {arch['norm_position']}-norm, {arch['position']} positions |"),
+        f"| parameters | {summary['parameters']:,} |",
+        f"| data | {source}: {data['train_tokens']:,} training tokens, vocabulary {data['vocab_size']:,} |",
+        f"| budget | {summary['budget_hours']:g} h on {summary['device']} ({summary['precision']}) |",
+        f"| tokens seen | {summary['tokens']:,} in {summary['steps']:,} steps |",
+        f"| final validation loss | {summary['val_loss']:.4f} (untrained {summary['untrained_val_loss']:.4f}) |",
+        "", "## How it was made", "", "```bash", summary.get("command") or "(not recorded)", "```", "",
+        "## Use", "", "```python", f"from transformers import AutoTokenizer, {LOADERS.get(objective, 'AutoModel')}",
+        "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
+        f"model = {LOADERS.get(objective, 'AutoModel')}.from_pretrained(path, trust_remote_code=True)", "```", "",
+    ]
+    return "\n".join(front + lines + evaluation_lines(evaluations))
+
+
+def evaluation_lines(evaluations) -> list[str]:
+    if not evaluations:
+        return ["## Evaluation", "", ("Not evaluated yet: `python eval.py checkpoint=<this folder>` adds its scores "
+                                      "here."), ""]
+    lines = ["## Evaluation", ""]
+    for run in evaluations:
+        scores = run["scores"]
+        note = "" if run["comparable"] else " (not comparable to published scores)"
+        lines += [f"{run['benchmark']}, {run['seeds']} seed(s), median, {run['finished_at'][:10]}{note}:", "",
+                  "| " + " | ".join(scores) + " |", "|" + "---:|" * len(scores),
+                  "| " + " | ".join(f"{v:.1f}" for v in scores.values()) + " |", ""]
+    return lines
+
+
+EVALUATIONS = "eval_results.json"  # eval.py's scores of this folder, one entry per evaluation, oldest first
+
+
+def write_card(folder: Path, summary: dict) -> None:
+    evaluations = Path(folder) / EVALUATIONS
+    done = json.loads(evaluations.read_text()) if evaluations.is_file() else []
+    write_atomic(Path(folder) / CARD, card_text(summary, done))
+
+
+def add_evaluation(folder: Path, entry: dict) -> bool:
+    """Add eval.py's scores (benchmark, seeds, scores, comparable, finished_at) to one of our checkpoints' cards,
+    kept in its eval_results.json; other folders (a hub model's snapshot) are left alone. Returns whether the card
+    was written."""
+    folder = Path(folder)
+    if not (folder / "train_summary.json").is_file() or not (folder / CARD).is_file():
+        return False
+    evaluations = folder / EVALUATIONS
+    done = json.loads(evaluations.read_text()) if evaluations.is_file() else []
+    write_atomic(evaluations, json.dumps([*done, entry], indent=2))
+    write_card(folder, json.loads((folder / "train_summary.json").read_text()))
+    return True

@@ -1,0 +1,178 @@
+"""train.init_from: a new run (new optimizer, budget clock and schedule) from the weights of another model:
+one of our `checkpoint/` folders, an intermediate `checkpoints/step-<n>/`, or a Hugging Face `BertForMaskedLM`
+(folder or hub id; mapped by from_bert.py onto arch=bert-base's layout).
+
+The run reads its text with the source's tokenizer, never a new one: the source's vocabulary is what its
+embeddings index. The tokenizer is copied to `<data.cache_dir>/tokenizers/<hash of its files>/` and named by
+data.tokenizer.kind, so runs from the same source share one tokenized cache. A tensor the run's model has no place
+for, or of another shape, and then a layout option no shape shows (post- or pre-norm, heads, ...), is one line.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..hub import model_folder
+from ..model.registry import invalid
+from .from_bert import bert_layout, bert_weights
+from .resume import MARKER
+
+KEY = "train.init_from"
+# Arch options our own checkpoints must share with the run beyond their tensors' shapes.
+LAYOUT = ("norm_position", "position", "ffn", "activation", "norm", "num_heads", "objective", "layout",
+          "head_transform", "embedding_norm", "final_norm", "bias", "tie_embeddings", "qk_norm", "parametrization",
+          "logit_softcap", "value_embeddings", "unet_skips")
+
+
+@dataclass
+class Source:
+    kind: str  # checkpoint, step or bert
+    folder: Path
+    weights: dict  # our tensor name -> tensor
+    origin: dict  # our tensor name -> its name in the source
+    layout: dict  # the arch options the run must share with it
+    tokenizer: object  # the source's tokenizer (the run reads its text with it)
+
+
+def open_source(value: str) -> Source:
+    """The folder or hub id of train.init_from, read: weights in our names, layout, tokenizer."""
+    folder = model_folder(KEY, value)
+    if (folder / MARKER).is_file() and (folder / "state.pt").is_file():
+        return _step(folder, value)
+    if not (folder / "config.json").is_file():
+        raise UserError(invalid(KEY, value, "not a model folder (no config.json): give a run's checkpoint/, a "
+                                "checkpoints/step-<n>/ folder, or a Hugging Face BertForMaskedLM"))
+    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    if model_type == "crammed":
+        return _checkpoint(folder, value)
+    if model_type == "bert":
+        return _bert(folder, value)
+    raise UserError(invalid(KEY, value, f"its model_type is {model_type!r}; init_from reads our checkpoints "
+                            "(crammed) and BERT (BertForMaskedLM)"))
+
+
+def _checkpoint(folder: Path, value: str) -> Source:
+    from safetensors.torch import load_file
+    from transformers import PreTrainedTokenizerFast
+
+    from ..eval.weights import check_weights
+
+    if not (folder / "model.safetensors").is_file():
+        raise UserError(invalid(KEY, value, "has no model.safetensors: an incomplete checkpoint"))
+    check_weights(folder)
+    weights = load_file(folder / "model.safetensors")
+    saved = json.loads((folder / "config.json").read_text())
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # ours has no code: no trust_remote_code needed
+    return Source("checkpoint", folder, weights, {k: k for k in weights}, _ours(saved), tokenizer)
+
+
+def _step(folder: Path, value: str) -> Source:
+    from transformers import PreTrainedTokenizerFast
+
+    saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    if "model" not in saved:
+        raise UserError(invalid(KEY, value, "holds its weights in an engine's shards (FSDP2, DeepSpeed); use the "
+                                "run's checkpoint/ folder, or resume it with train.resume"))
+    arch = saved["config"]["arch"]
+    if not (folder / "tokenizer").is_dir():
+        raise UserError(invalid(KEY, value, "carries no tokenizer (written before step folders held one); start "
+                                "from the run's checkpoint/ folder"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    return Source("step", folder, saved["model"], {k: k for k in saved["model"]}, _ours(arch), tokenizer)
+
+
+def _ours(arch: dict) -> dict:
+    return {key: arch.get(key) for key in LAYOUT if key in arch}
+
+
+def _bert(folder: Path, value: str) -> Source:
+    from transformers import AutoTokenizer, BertForMaskedLM
+    from transformers import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # unused pooler weights of a BertForPreTraining checkpoint: expected
+    try:
+        bert = BertForMaskedLM.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise UserError(invalid(KEY, value, f"could not be loaded as a BertForMaskedLM "
+                                f"({(str(err).splitlines() or [''])[0][:200]})")) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if getattr(bert.config, "position_embedding_type", "absolute") != "absolute":
+        raise UserError(invalid(KEY, value, f"uses {bert.config.position_embedding_type} positions; only BERT's "
+                                "learned absolute positions map onto arch.position=learned"))
+    weights, origin = bert_weights(bert.state_dict())
+    return Source("bert", folder, weights, origin, bert_layout(bert.config), tokenizer)
+
+
+def with_source_tokenizer(config, source: Source, cache_dir: str):
+    """The run config reading its text with the source's tokenizer (data.tokenizer.kind = its saved copy). A
+    tokenizer the user named must be the source's vocabulary."""
+    from ..data.tokenizer import TOKENIZER_KINDS
+
+    kind = config.data.tokenizer.kind
+    if kind not in TOKENIZER_KINDS:
+        from ..data.tokenizer import load_pretrained_tokenizer
+
+        if load_pretrained_tokenizer(kind, config.data.seq_length).get_vocab() != source.tokenizer.get_vocab():
+            raise UserError(invalid("data.tokenizer.kind", kind, f"is not the vocabulary of {KEY}={source.folder}; "
+                                    "leave data.tokenizer.kind at its default to use the source's tokenizer"))
+        return config
+    folder = saved_tokenizer(source.tokenizer, Path(os.path.expanduser(cache_dir)).resolve())
+    data = replace(config.data, tokenizer=replace(config.data.tokenizer, kind=str(folder)))
+    return replace(config, data=data)
+
+
+def saved_tokenizer(tokenizer, cache_root: Path) -> Path:
+    """The tokenizer saved under cache_root/tokenizers/<hash of its files>: one path per vocabulary."""
+    tmp = cache_root / "tokenizers" / f"tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(tmp)
+    digest = hashlib.sha256()
+    for path in sorted(tmp.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    final = tmp.with_name(digest.hexdigest()[:16])
+    if final.is_dir():
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+def load_source(model, source: Source, value: str, arch) -> None:
+    """The source's weights into the run's freshly built model: every tensor must have a place of its shape,
+    every tensor of the model a value (the decoder tied to the token embeddings excepted), then the layout options
+    no shape shows must agree. The first misfit is the one line."""
+    own = model.state_dict()
+    tied = set(getattr(model, "_tied_weights_keys", None) or {}) if model.config.tie_embeddings else set()
+    for name, tensor in source.weights.items():
+        theirs = source.origin.get(name, name)
+        if name not in own:
+            raise UserError(invalid(KEY, value, f"its tensor {theirs} has no place in this run's model (arch "
+                                    f"differs from the source's{_hint(source)})"))
+        if tuple(own[name].shape) != tuple(tensor.shape):
+            raise UserError(invalid(KEY, value, f"its tensor {theirs} is {tuple(tensor.shape)}, this run's {name} "
+                                    f"is {tuple(own[name].shape)}; set the arch sizes to the source's{_hint(source)}"))
+    missing = [name for name in own if name not in source.weights and name not in tied]
+    if missing:
+        raise UserError(invalid(KEY, value, f"has no tensor for this run's {missing[0]} (arch differs from the "
+                                f"source's{_hint(source)})"))
+    for key, wanted in source.layout.items():
+        have = getattr(arch, key)
+        if have != wanted and not (isinstance(wanted, float) and abs(have - wanted) <= 1e-6 * abs(wanted)):
+            raise UserError(invalid(KEY, value, f"the source has arch.{key}={wanted!r}, this run {have!r}; set "
+                                    f"arch.{key}={wanted}{_hint(source)}"))
+    model.load_state_dict({name: tensor for name, tensor in source.weights.items()}, strict=False)
+    if tied:
+        model.tie_weights()
+
+
+def _hint(source: Source) -> str:
+    return "; a BERT source needs arch=bert-base with its sizes" if source.kind == "bert" else ""

@@ -1,0 +1,78 @@
+"""Every checkpoint/ holds a Hugging Face model card (README.md with YAML front matter) saying what made it;
+eval.py adds its scores; `python -m cramming.push` uploads the folder (huggingface_hub mocked: no network)."""
+
+import csv
+import json
+
+import pytest
+import yaml
+from test_eval_cli import evaluate_in_process
+from test_resume import NAN_RUN, config_for
+
+from cramming import pretraining
+from cramming.push import main as push_main
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("carded")
+    pretraining.pretrain(config_for(*NAN_RUN, "name=carded"), run_dir)
+    return run_dir / "checkpoint"
+
+
+def front_matter(text: str) -> dict:
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_the_checkpoint_has_a_card_saying_what_made_it(checkpoint):
+    summary = json.loads((checkpoint / "train_summary.json").read_text())
+    card = (checkpoint / "README.md").read_text()
+    meta = front_matter(card)
+    assert meta["pipeline_tag"] == "fill-mask" and meta["library_name"] == "transformers"
+    for fact in (f"| parameters | {summary['parameters']:,} |", "1 layers x 64 wide, 2 heads",
+                 f"| tokens seen | {summary['tokens']:,} in 6 steps |", f"{summary['val_loss']:.4f}",
+                 "sanity: ", f"vocabulary {summary['data']['vocab_size']:,}", summary["command"], "Not evaluated yet"):
+        assert fact in card, fact
+
+
+def test_eval_adds_its_scores_to_the_card(checkpoint, tmp_path):
+    with open(tmp_path / "t.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([("text", "label"), *[(f"word number {i}", i % 2) for i in range(20)]])
+    evaluate_in_process(f"checkpoint={checkpoint}", "eval=custom", f"eval.train_file={tmp_path}/t.csv",
+                        f"eval.dev_file={tmp_path}/t.csv", "impl=cpu", "eval.recipe.epochs=1", tmp_path=tmp_path)
+    card = (checkpoint / "README.md").read_text()
+    scores = json.loads((checkpoint / "eval_results.json").read_text())[-1]["scores"]
+    assert "Not evaluated yet" not in card and "| custom |" in card
+    assert f"| {scores['custom']:.1f} |" in card
+    front_matter(card)  # still a valid card
+
+
+def test_push_uploads_the_folder_with_its_card(checkpoint, monkeypatch, capsys):
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, **kwargs):
+            calls.append(("create", repo_id, kwargs["private"]))
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, folder_path, repo_id, **kwargs):
+            calls.append(("upload", repo_id, sorted(p.name for p in __import__("pathlib").Path(folder_path).iterdir())))
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    push_main([str(checkpoint), "me/tiny-crammed", "--private"])
+    assert calls[0] == ("create", "me/tiny-crammed", True)
+    assert calls[1][0] == "upload" and {"README.md", "model.safetensors", "config.json"} <= set(calls[1][2])
+    assert capsys.readouterr().out.strip() == "pushed: https://huggingface.co/me/tiny-crammed"
+
+
+@pytest.mark.parametrize("args, fragment", [(["{tmp}/none", "me/x"], "no such folder"),
+                                            (["{tmp}", "me/x"], "not a complete checkpoint"),
+                                            (["{ckpt}", "no-slash"], "repo id 'no-slash' is invalid")])
+def test_push_refuses_in_one_line(checkpoint, tmp_path, capsys, args, fragment):
+    with pytest.raises(SystemExit) as stop:
+        push_main([a.format(tmp=tmp_path, ckpt=checkpoint) for a in args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and fragment in err[0], err
