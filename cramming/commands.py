@@ -3,6 +3,7 @@ pretrain.py and eval.py at the repository root call them, and so do the installe
 `cramming-pretrain` and `cramming-eval` (pyproject.toml), from any directory. Runs write under the current
 directory (outputs/, multirun/)."""
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,13 +25,30 @@ def pretrain_main(cfg) -> float | None:
     from .pretraining import pretrain
 
     config = load_config(cfg)  # every value checked before any work
-    eval_config = eval_after_config(config)  # eval_after: composed and checked now, task data included
     run_dir = HydraConfig.get().runtime.output_dir
+    if config.data_only:
+        return prepare_only(config, Path(run_dir))
+    eval_config = eval_after_config(config)  # eval_after: composed and checked now, task data included
     summary = pretrain(config, run_dir)
     if env_rank() != 0:
         return None  # rank 0 evaluates, records and returns the objective
     results = evaluate_after(eval_config, summary["checkpoint"], run_dir) if eval_config else None
     return objective_value(config, summary, results)  # what a sweeper optimises (sweep_objective)
+
+
+def prepare_only(config, run_dir: Path) -> None:
+    """data_only=true: the tokenizer and packed sequences in the cache, their folder printed, and no run: the folder
+    Hydra made for one holds only its own bookkeeping and goes again (its empty parents too, up to here)."""
+    from .data.prepare import prepare_data
+
+    folder, _ = prepare_data(config.data)
+    if all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+        shutil.rmtree(run_dir)
+        for parent in run_dir.parents:
+            if parent == Path.cwd() or not parent.is_relative_to(Path.cwd()) or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    print(f"prepared: {folder}", flush=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="eval")

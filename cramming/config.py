@@ -17,7 +17,18 @@ from .model.registry import invalid
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
 
 
-CACHE_ENV, CACHE_DEFAULT = "CRAMMING_CACHE", ".cache/cramming"  # data.cache_dir's default
+
+
+def cache_default() -> str:
+    """data.cache_dir's default, shared by runs from any directory: $CRAMMING_CACHE, else $XDG_CACHE_HOME/cramming,
+    else ~/.cache/cramming."""
+    if os.environ.get("CRAMMING_CACHE"):
+        return os.environ["CRAMMING_CACHE"]
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cramming")
+
+
+if not OmegaConf.has_resolver("cramming_cache"):
+    OmegaConf.register_new_resolver("cramming_cache", cache_default)
 
 
 @dataclass
@@ -55,8 +66,9 @@ class DataConfig:
     filter_threshold: float | None = None  # keep a document only if tokens / characters < threshold
     dedup: bool = True  # drop exact duplicate documents
     ordering: str = "random"  # the training order: random, or sorted by sentence count (Cramming's curriculum)
-    # prepared data: $CRAMMING_CACHE, else .cache/cramming under the working directory
-    cache_dir: str = field(default_factory=lambda: os.environ.get(CACHE_ENV, CACHE_DEFAULT))
+    # prepared data: $CRAMMING_CACHE, else $XDG_CACHE_HOME/cramming, else ~/.cache/cramming
+    cache_dir: str = field(default_factory=cache_default)
+    prepared: str | None = None  # train on this prepared folder (data_only=true prints one; or an exported dataset)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     RULES: ClassVar[dict] = {"seq_length": ">= 8", "vocab_size": ">= 64", "validation_fraction": "(0, 0.5)",
@@ -152,6 +164,7 @@ class PretrainConfig:
     seed: int = 0  # one seed for model init, data order and masking
     budget: float = 24.0  # wall-clock hours of training; the clock starts after data preparation and model build
     dryrun: bool = False  # check the config and build the model, then stop
+    data_only: bool = False  # prepare the tokenizer and the packed sequences, print their folder, stop
     eval_after: bool = False  # fine-tune the fresh checkpoint with eval.py's recipe (cramming/sweep.py)
     eval_overrides: list[str] = field(default_factory=list)  # eval.py overrides for eval_after
     sweep_objective: str = "val_loss"  # what the run returns to a sweeper (glue_average needs eval_after)
@@ -163,7 +176,7 @@ class PretrainConfig:
     RULES: ClassVar[dict] = {"budget": "> 0", "sweep_objective": ("val_loss", "glue_average")}
 
 
-LATE_DEFAULTS = {"data.cache_dir": f"${{oc.env:{CACHE_ENV},{CACHE_DEFAULT}}}"}  # read at composition, not import
+LATE_DEFAULTS = {"data.cache_dir": "${cramming_cache:}"}  # read at composition, not import
 register("pretrain_schema", PretrainConfig, late=LATE_DEFAULTS)
 
 
@@ -268,6 +281,7 @@ def component_problem(c: PretrainConfig, key: str, registry, extra: tuple, ask) 
 def across_sections(c: PretrainConfig):
     """The checks that read more than one option or the machine, lazily: the first one that fails stops."""
     from .data.local_text import encoding_problem
+    from .data.share import prepared_problem
     from .engines import settings_problem
     from .impl import compile_problem
     from .model.speedrun import problem as speedrun_problem
@@ -280,6 +294,7 @@ def across_sections(c: PretrainConfig):
     yield None if a.hidden_size % a.num_heads == 0 else invalid(
         "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
     yield encoding_problem(c.data.encoding, c.data.encoding_errors)
+    yield prepared_problem(c.data.prepared)
     for key, extra in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         wanted = getattr(t, key) not in (False, "off")
         if wanted and importlib.util.find_spec(extra) is None:

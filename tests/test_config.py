@@ -158,18 +158,24 @@ def test_auto_impl_resolves_to_this_machine():
     assert runtime.compile == (runtime.device.type == "cuda")
 
 
-def test_cache_dir_default_is_one_truth(monkeypatch):
-    """The schema's default, read when the config is composed: $CRAMMING_CACHE, else .cache/cramming."""
+@pytest.mark.parametrize("cramming,xdg,expected", [
+    ("/some/shared/cache", "/xdg", "/some/shared/cache"),  # $CRAMMING_CACHE first
+    (None, "/xdg", "/xdg/cramming"),  # else $XDG_CACHE_HOME/cramming
+    (None, None, "{home}/.cache/cramming"),  # else ~/.cache/cramming: runs from any directory share it
+])
+def test_cache_dir_default_is_one_truth(monkeypatch, tmp_path, cramming, xdg, expected):
+    """The schema's default, read when the config is composed (and by the dataclass alike)."""
     from cramming.config import DataConfig
 
-    for env in ("/some/shared/cache", None):
-        if env is None:
-            monkeypatch.delenv("CRAMMING_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, value in (("CRAMMING_CACHE", cramming), ("XDG_CACHE_HOME", xdg)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
         else:
-            monkeypatch.setenv("CRAMMING_CACHE", env)
-        expected = env or ".cache/cramming"
-        assert DataConfig().cache_dir == expected
-        assert load_config(compose_config()).data.cache_dir == expected
+            monkeypatch.setenv(name, value)
+    expected = expected.format(home=tmp_path)
+    assert DataConfig().cache_dir == expected
+    assert load_config(compose_config()).data.cache_dir == expected
 
 
 def test_rules_read_as_they_are_declared():

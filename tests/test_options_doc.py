@@ -20,4 +20,4 @@ def test_every_key_has_a_meaning_and_every_named_option_its_entries():
     by_key = {row[0]: row for row in rows}
     assert by_key["arch.norm"][3].startswith("layernorm, rmsnorm, scalenorm")
     assert by_key["train.mask_prob"][2:4] == ("0.25", "(0, 1)")
-    assert by_key["data.cache_dir"][2] == "${oc.env:CRAMMING_CACHE,.cache/cramming}"
+    assert by_key["data.cache_dir"][2] == "${cramming_cache:}"  # read when composed (config.cache_default)

@@ -28,6 +28,7 @@ from ..atomic import locked
 from ..errors import UserError
 from .dedup import SeenHashes
 from .packed import PackedTokens
+from .share import use_prepared
 from .sources import open_source
 from .tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, train_tokenizer
 
@@ -36,21 +37,25 @@ BATCH_DOCS, BATCH_CHARS = 512, 1 << 19  # one tokenizer call: bounded in documen
 
 
 def cache_key(cfg, fingerprint) -> str:
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "ordering")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "ordering", "prepared")}
     blob = json.dumps([PIPELINE_VERSION, settings, fingerprint], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def prepare_data(cfg) -> tuple[Path, dict]:
-    """Return the cache folder for this data config (building it if needed) and its metadata."""
-    cache_root = Path(os.path.expanduser(cfg.cache_dir)).resolve()
-    source = open_source(cfg, cache_root)
-    folder = cache_root / cache_key(cfg, source.fingerprint())
-    if not (folder / "meta.json").exists():
-        with locked(folder):  # a second job waits here, then finds the finished cache
-            if not (folder / "meta.json").exists():
-                _build(cfg, source, folder)
-    meta = json.loads((folder / "meta.json").read_text())
+    """Return the cache folder for this data config (building it if needed) and its metadata; with
+    data.prepared, that folder (an exported dataset imported into the cache first, share.py)."""
+    if cfg.prepared:
+        folder, meta = use_prepared(cfg)
+    else:
+        cache_root = Path(os.path.expanduser(cfg.cache_dir)).resolve()
+        source = open_source(cfg, cache_root)
+        folder = cache_root / cache_key(cfg, source.fingerprint())
+        if not (folder / "meta.json").exists():
+            with locked(folder):  # a second job waits here, then finds the finished cache
+                if not (folder / "meta.json").exists():
+                    _build(cfg, source, folder)
+        meta = json.loads((folder / "meta.json").read_text())
     print(f"data: {meta['train_sequences']:,} train / {meta['val_sequences']:,} validation sequences "
           f"of {cfg.seq_length} tokens from {folder}", flush=True)
     return folder, meta

@@ -1,0 +1,159 @@
+"""Prepared data as a Hugging Face dataset, out and back in (`data.prepared`), the way upstream Cramming shares its
+pre-tokenized corpora: prepare once (`data_only=true`, on a CPU machine), share the folder, train elsewhere.
+
+A prepared cache folder (prepare.py) holds the token streams `train.bin` / `val.bin`, `meta.json` and the tokenizer.
+Exported, each split becomes a dataset of rows `input_ids`, the sequences a run trains on ([CLS] + seq_length - 1
+stream tokens, the stream's tail that fills no sequence left out), beside `tokenizer/` and `cramming_meta.json`:
+`save_to_disk`'s layout (format arrow) or one parquet file per split (format parquet). Read back, the rows give
+the same streams, so a run on the imported folder trains on the same sequences as on the original.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import locked
+from ..errors import UserError, exit_on_user_error
+from .packed import PackedTokens
+
+SPLITS = {"train": "train", "val": "validation"}  # the cache's names -> the dataset's
+META = "cramming_meta.json"
+FORMATS = ("arrow", "parquet")
+
+
+def export_prepared(folder: Path, out: Path, fmt: str = "arrow") -> Path:
+    """Write the prepared folder `folder` as a dataset folder `out` (a new folder: nothing is overwritten)."""
+    import datasets
+
+    folder, out = Path(folder), Path(out)
+    meta = read_meta(folder)
+    if out.exists():
+        raise UserError(f"{out} already exists; give a new folder to export into")
+    if fmt not in FORMATS:
+        raise UserError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    splits = {}
+    for split, name in SPLITS.items():
+        rows = PackedTokens(folder / f"{split}.bin", meta["dtype"], meta["seq_length"], meta["special_ids"]["cls"])
+        stream = np.asarray(rows.stream[: len(rows) * rows.stride]).reshape(len(rows), rows.stride)
+        ids = np.concatenate([np.full((len(rows), 1), rows.cls_id, dtype=stream.dtype), stream], axis=1)
+        splits[name] = datasets.Dataset.from_dict({"input_ids": ids})
+    if fmt == "arrow":
+        datasets.DatasetDict(splits).save_to_disk(str(tmp))
+    else:
+        for name, dataset in splits.items():
+            dataset.to_parquet(str(tmp / f"{name}.parquet"))
+    shutil.copytree(folder / "tokenizer", tmp / "tokenizer")
+    (tmp / META).write_text(json.dumps(meta, indent=2))  # written last: marks the export complete
+    os.rename(tmp, out)
+    return out
+
+
+def is_prepared(folder: Path) -> bool:
+    return (Path(folder) / "meta.json").is_file() and (Path(folder) / "train.bin").is_file()
+
+
+def is_exported(folder: Path) -> bool:
+    return (Path(folder) / META).is_file()
+
+
+def import_prepared(path: Path, cache_root: Path) -> Path:
+    """The prepared cache folder for an exported dataset folder, built once under `cache_root` (keyed by the
+    export's files and sizes) and found again by later runs."""
+    path = Path(path)
+    meta = json.loads((path / META).read_text())
+    files = sorted((str(p.relative_to(path)), p.stat().st_size) for p in path.rglob("*") if p.is_file())
+    folder = Path(cache_root) / f"imported-{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"
+    if (folder / "meta.json").exists():
+        return folder
+    with locked(folder):
+        if not (folder / "meta.json").exists():
+            _unpack(path, meta, folder)
+    return folder
+
+
+def _unpack(path: Path, meta: dict, folder: Path) -> None:
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        splits = _read_splits(path)
+        for split, name in SPLITS.items():
+            rows = np.asarray(splits[name]["input_ids"])
+            if rows.ndim != 2 or rows.shape[1] != meta["seq_length"]:
+                raise UserError(f"{path}: the {name} split's rows are not sequences of {meta['seq_length']} tokens "
+                                f"(shape {rows.shape}); it is not an export of a prepared cache")
+            rows[:, 1:].astype(meta["dtype"]).tofile(tmp / f"{split}.bin")
+        periods = PackedTokens(tmp / "train.bin", meta["dtype"], meta["seq_length"], meta["special_ids"]["cls"])
+        np.save(tmp / "train_periods.npy", periods.count_per_sequence(meta["period_id"]))
+        shutil.copytree(path / "tokenizer", tmp / "tokenizer")
+        (tmp / "meta.json").write_text(json.dumps({**meta, "imported_from": str(path.resolve())}, indent=2))
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _read_splits(path: Path) -> dict:
+    import datasets
+
+    if (path / "dataset_dict.json").is_file():
+        return datasets.load_from_disk(str(path)).with_format("numpy")
+    files = {name: str(path / f"{name}.parquet") for name in SPLITS.values()}
+    missing = [f for f in files.values() if not Path(f).is_file()]
+    if missing:
+        raise UserError(f"{path} holds neither save_to_disk's dataset_dict.json nor {', '.join(missing)}")
+    return datasets.load_dataset("parquet", data_files=files).with_format("numpy")
+
+
+def read_meta(folder: Path) -> dict:
+    if not is_prepared(folder):
+        raise UserError(f"{folder} is not a prepared data folder (no meta.json and train.bin); "
+                        "prepare one with `python pretrain.py data_only=true ...`")
+    return json.loads((Path(folder) / "meta.json").read_text())
+
+
+def prepared_problem(prepared: str | None) -> str | None:
+    """data.prepared names a prepared folder or an export of one (config.validate asks before any work)."""
+    if prepared is None:
+        return None
+    path = Path(os.path.expanduser(prepared))
+    if is_prepared(path) or is_exported(path):
+        return None
+    what = "does not exist" if not path.exists() else f"holds neither meta.json and train.bin nor {META}"
+    return (f"data.prepared={prepared!r} is invalid: {path} {what}; give a folder that `python pretrain.py "
+            "data_only=true` printed, or one `python -m cramming.data.share` exported")
+
+
+def use_prepared(cfg) -> tuple[Path, dict]:
+    """data.prepared: a prepared cache folder as it is, or an exported dataset folder imported into the cache."""
+    path = Path(os.path.expanduser(cfg.prepared))
+    if is_exported(path):
+        path = import_prepared(path, Path(os.path.expanduser(cfg.cache_dir)).resolve())
+    meta = read_meta(path)
+    if meta["seq_length"] != cfg.seq_length:
+        raise UserError(f"data.seq_length={cfg.seq_length} is invalid: data.prepared={cfg.prepared} holds sequences "
+                        f"of {meta['seq_length']} tokens; set data.seq_length={meta['seq_length']}")
+    return path.resolve(), meta
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cramming.data.share", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="a prepared data folder (data_only=true prints it)")
+    parser.add_argument("out", type=Path, help="the dataset folder to write (new)")
+    parser.add_argument("--format", choices=FORMATS, default="arrow", help="save_to_disk's arrow files, or parquet")
+    args = parser.parse_args(argv)
+    print(f"exported: {export_prepared(args.folder, args.out, args.format).resolve()}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
