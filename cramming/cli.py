@@ -72,7 +72,11 @@ def _quoted(pattern: str, text: str) -> str | None:
 
 
 def _unknown_key(cause, command: str) -> str:
+    from .renames import renamed_line
+
     key = cause.full_key
+    if line := renamed_line(key):  # an old key set in a config file rather than on the command line
+        return line
     parent = cause.parent_node
     siblings = [str(k) for k in parent] if parent is not None else []
     close = difflib.get_close_matches(str(cause.key), siblings, n=3, cutoff=0.6)
@@ -181,8 +185,13 @@ def run_entry(main, command: str) -> None:
     """Call a @hydra.main function; a composition error becomes one `error:` line and exit code 2."""
     from hydra.errors import HydraException
 
+    from .renames import renamed_override
+
     if problem := flag_problem(sys.argv[1:]):
         print(f"error: {problem} ({invocation(command)} --help; Hydra's flags: --hydra-help)", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    if line := renamed_override(sys.argv[1:]):  # an option moved into its component's section
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own traceback
         main()

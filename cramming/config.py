@@ -12,10 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
-from .schema import register
-from .model.registry import invalid
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
-
+from .model.registry import invalid
+from .schema import register
 
 
 
@@ -73,15 +72,81 @@ class DataConfig:
 
     RULES: ClassVar[dict] = {"seq_length": ">= 8", "vocab_size": ">= 64", "validation_fraction": "(0, 0.5)",
                              "filter_threshold": "> 0 or null", "ordering": ("random", "sentence-length")}
+    REGISTRIES: ClassVar[dict] = {"source": "data.sources:SOURCES"}  # options naming registered components
+
+
+@dataclass
+class SGDConfig:
+    """train.optim.name=sgd."""
+
+    momentum: float = 0.9  # the heavy-ball (or Nesterov) momentum; 0 = plain SGD
+
+    COMPONENT: ClassVar[tuple] = ("name", "sgd")  # read only when this optimizer is chosen (cramming/rules.py)
+    RULES: ClassVar[dict] = {"momentum": "[0, 1)"}
+
+
+@dataclass
+class MuonConfig:
+    """train.optim.name=muon: the hidden matrices' optimizer (the rest use train.lr with AdamW)."""
+
+    lr: float = 0.02  # peak lr of the hidden matrices
+    momentum: float = 0.95  # momentum of the hidden matrices
+
+    COMPONENT: ClassVar[tuple] = ("name", "muon")
+    RULES: ClassVar[dict] = {"lr": "> 0", "momentum": "[0, 1)"}
 
 
 @dataclass
 class OptimConfig:
     name: str = "adamw"  # the optimizer (lr, betas, eps, weight_decay: train.*)
-    momentum: float = 0.9  # sgd
-    nesterov: bool = True  # sgd, muon
-    muon_lr: float = 0.02  # muon: peak lr of the hidden matrices (the rest use train.lr with AdamW)
-    muon_momentum: float = 0.95  # muon: momentum of the hidden matrices
+    nesterov: bool = True  # sgd, muon: Nesterov momentum
+    sgd: SGDConfig = field(default_factory=SGDConfig)
+    muon: MuonConfig = field(default_factory=MuonConfig)
+
+    REGISTRIES: ClassVar[dict] = {"name": "train.optim:OPTIMIZERS"}
+
+
+@dataclass
+class SkipConfig:
+    """train.nonfinite=skip."""
+
+    max_in_row: int = 10  # halt after this many non-finite steps in a row
+
+    COMPONENT: ClassVar[tuple] = ("nonfinite", "skip")
+    RULES: ClassVar[dict] = {"max_in_row": ">= 1"}
+
+
+@dataclass
+class RollbackConfig:
+    """train.nonfinite=rollback."""
+
+    lr_factor: float = 0.5  # learning rate multiplier after each rollback
+
+    COMPONENT: ClassVar[tuple] = ("nonfinite", "rollback")
+    RULES: ClassVar[dict] = {"lr_factor": "(0, 1]"}
+
+
+@dataclass
+class EMAConfig:
+    """train.averaging=ema (train/averaging.py)."""
+
+    decay: float = 0.999  # shadow = decay * shadow + (1 - decay) * weights after each step
+
+    COMPONENT: ClassVar[tuple] = ("averaging", "ema")
+    RULES: ClassVar[dict] = {
+        "decay": "(0, 1): the share of the average kept at each step, e.g. 0.999 (about the last 1000 steps)"}
+
+
+@dataclass
+class LAWAConfig:
+    """train.averaging=lawa (train/averaging.py)."""
+
+    k: int = 5  # the latest k snapshots are averaged
+    every_fraction: float = 0.05  # a snapshot each time this share of the budget passes
+
+    COMPONENT: ClassVar[tuple] = ("averaging", "lawa")
+    RULES: ClassVar[dict] = {"k": ">= 1: the number of latest snapshots averaged",
+                             "every_fraction": "(0, 1]: the budget fraction between snapshots, e.g. 0.05"}
 
 
 @dataclass
@@ -113,21 +178,21 @@ class TrainConfig:
     # a new run from these weights: a checkpoint/ or checkpoints/step-<n> folder, or a BertForMaskedLM (folder or hub id)
     init_from: str | None = None
     nonfinite: str = "skip"  # what a non-finite loss or gradient does
-    max_skipped: int = 10  # skip: halt after this many non-finite steps in a row
-    rollback_lr_factor: float = 0.5  # rollback: learning rate multiplier after each rollback
+    skip: SkipConfig = field(default_factory=SkipConfig)
+    rollback: RollbackConfig = field(default_factory=RollbackConfig)
     window_schedule: list | None = None  # [[budget_fraction, window], ...]: the local/stepped window grows with the run
     averaging: str = "none"  # averaged weights, saved as <run>/final-<kind>/ too (train/averaging.py)
-    ema_decay: float = 0.999  # ema: shadow = decay * shadow + (1 - decay) * weights after each step
-    lawa_k: int = 5  # lawa: the latest k snapshots are averaged
-    lawa_every_fraction: float = 0.05  # lawa: a snapshot each time this share of the budget passes
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    lawa: LAWAConfig = field(default_factory=LAWAConfig)
 
     RULES: ClassVar[dict] = {
         "lr": "> 0", "betas": "each [0, 1)", "grad_clip": "> 0 or null", "batch_size": "> 0", "batch_ramp": "[0, 1)",
         "max_steps": "> 0 or null", "mask_prob": "(0, 1)", "mask_token_share": "[0, 1]",
         "validation_sequences": "> 0", "validate_every_minutes": "> 0 or null", "log_every": "> 0",
         "wandb": ("off", "offline", "online"), "checkpoint_every_minutes": "> 0 or null", "keep_checkpoints": ">= 1",
-        "max_skipped": ">= 1", "rollback_lr_factor": "(0, 1]",
     }
+    REGISTRIES: ClassVar[dict] = {"schedule": "train.schedule:SCHEDULES", "nonfinite": "train.nonfinite:NONFINITE",
+                                  "averaging": "train.averaging:AVERAGING"}
 
 
 @dataclass
@@ -156,6 +221,10 @@ class ImplConfig:
 
     RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16"),
                              "num_workers": ">= 0", "peak_tflops": "> 0 or null"}
+    # The kernels eval.py reads too; engines are asked once the world is known (Engine.problem).
+    REGISTRIES: ClassVar[dict] = {
+        "attention": "model.attention:ATTENTION_KERNELS or auto", "rotary": "model.rotary:ROTARY_IMPLS or auto",
+        "loss": "model.losses:LOSSES or auto", "distributed": "engines:ENGINES or auto"}
 
 
 @dataclass
@@ -189,8 +258,12 @@ def load_config(cfg: DictConfig) -> PretrainConfig:
         merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), cfg)
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
+        from .renames import renamed_line
+
         key = getattr(err, "full_key", None)
         first_line = str(err).splitlines()[0]
+        if line := renamed_line(key):
+            raise UserError(line) from None
         raise UserError(f"config {key}: {first_line}" if key else f"config: {first_line}") from None
     validate(config)
     return config
@@ -207,75 +280,16 @@ def check(ok: bool, key: str, value, requirement: str) -> None:
 
 
 def validate(c: PretrainConfig) -> None:
-    """Every plain option against the rule its dataclass declares, every named component against its registry and
-    what the chosen entry refuses, then the few checks that span sections. The first problem stops the run."""
-    from .rules import declared_rules, rule_problem
+    """One walk over the schema (cramming/rules.py): every plain option against the rule its dataclass declares,
+    every option naming registered components against its registry and what the chosen entry refuses, skipping
+    the sections of components not chosen; then the few checks that span sections. The first problem stops."""
+    from . import kernels  # noqa: F401  registers the Triton kernels by name
+    from .rules import schema_problems
 
-    for key, value, rule in declared_rules(c):
-        refuse(rule_problem(key, value, rule))
-    for key, registry, extra, ask in components():
-        refuse(component_problem(c, key, registry, extra, ask))
+    for problem in schema_problems(c):
+        refuse(problem)
     for problem in across_sections(c):
         refuse(problem)
-
-
-def components() -> list[tuple]:
-    """(key, registry, choices beyond the registry's, how to ask the chosen entry) for every option that names a
-    registered component, in the order they are checked."""
-    from . import kernels  # noqa: F401  registers the Triton kernels by name
-    from .data.sources import SOURCES
-    from .engines import ENGINES
-    from .model.attention import ATTENTION_KERNELS
-    from .model.block import BLOCKS
-    from .model.ffn import ACTIVATIONS, FFNS
-    from .model.inits import INITS
-    from .model.linear import LINEARS, projections_problem
-    from .model.losses import LOSSES
-    from .model.norms import NORMS
-    from .model.parametrization import PARAMETRIZATIONS
-    from .model.patterns import PATTERNS
-    from .model.positions import POSITIONS
-    from .model.registry import own_problem
-    from .model.rotary import ROTARY_IMPLS
-    from .train.averaging import AVERAGING
-    from .train.nonfinite import NONFINITE
-    from .train.objectives import OBJECTIVES
-    from .train.optim import OPTIMIZERS, run_problem
-    from .train.schedule import SCHEDULES
-
-    def schedule(entry, c):
-        return entry.problem(c.train.warmup, c.train.cooldown, c.train.max_steps)
-
-    return [
-        ("arch.ffn", FFNS, (), own_problem), ("arch.activation", ACTIVATIONS, (), None), ("arch.norm", NORMS, (), None),
-        ("arch.init", INITS, (), None), ("arch.linear", LINEARS, (), lambda _, c: projections_problem(c)),
-        ("arch.layout", BLOCKS, (), own_problem), ("arch.attention.pattern", PATTERNS, (), own_problem),
-        ("arch.objective", OBJECTIVES, (), own_problem), ("data.source", SOURCES, (), own_problem),
-        ("arch.position", POSITIONS, (), own_problem),  # after gmlp and data.seq_length: their messages say more
-        ("train.schedule", SCHEDULES, (), schedule), ("train.optim.name", OPTIMIZERS, (), run_problem),
-        ("train.nonfinite", NONFINITE, (), None), ("train.averaging", AVERAGING, (), own_problem),
-        ("impl.attention", ATTENTION_KERNELS, ("auto",), None),
-        ("impl.rotary", ROTARY_IMPLS, ("auto",), None), ("impl.loss", LOSSES, ("auto",), None),
-        ("impl.distributed", ENGINES, ("auto",), None),  # engines are asked once the world is known (Engine.problem)
-        ("arch.parametrization", PARAMETRIZATIONS, (), own_problem),
-    ]
-
-
-def component_problem(c: PretrainConfig, key: str, registry, extra: tuple, ask) -> str | None:
-    """The option names entries of `registry` (one, or a list cycled over the layers): each must exist, and each
-    chosen entry is asked what it refuses in the whole config."""
-    value = c
-    for part in key.split("."):
-        value = getattr(value, part)
-    names = value if isinstance(value, list) else [value]
-    if not names:
-        return f"{key}={value!r} is invalid: name at least one {key.rsplit('.', 1)[-1]}"
-    for name in names:
-        if name not in registry and name not in extra:
-            return f"{key}={name!r} is not a valid option; choose one of: {', '.join(sorted([*extra, *registry]))}"
-    if ask is not None:
-        return next((p for name in dict.fromkeys(names) if name in registry and (p := ask(registry[name], c))), None)
-    return None
 
 
 def across_sections(c: PretrainConfig):

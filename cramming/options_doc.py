@@ -1,7 +1,7 @@
 """docs/options.md, generated from the schema: `python -m cramming.options_doc > docs/options.md`.
 
 Each key's type and default come from its dataclass, what it accepts from the dataclass's RULES (cramming/rules.py)
-or the registry that its name looks up (config.components), and its one line of meaning from the comment beside
+or the registry that its name looks up (its dataclass's REGISTRIES), and its one line of meaning from the comment beside
 the field (a trailing `# ...`, else the comment lines right above it). Nothing here is written twice: `--help`
 (cramming/cli.py) prints its key lines from the same functions, and tests/test_options_doc.py fails when
 docs/options.md is stale.
@@ -74,21 +74,23 @@ def value_text(value) -> str:
 
 
 def components() -> dict[str, tuple]:
-    """{key: (registry, extra choices)} for every option that names entries of a registry: the ones config.validate
-    checks against theirs, and those checked where they are used (impl.py, data/local_text.py, eval/)."""
-    from .config import components as checked
+    """{key: (registry, extra choices)} for every option that names entries of a registry: the ones the schema
+    declares (REGISTRIES, checked by the validation walk), and those checked where they are used (impl.py,
+    data/local_text.py, eval/)."""
+    from . import kernels  # noqa: F401  registers the Triton kernels by name
+    from .config import PretrainConfig
     from .data.local_text import ENCODING_ERRORS
-    from .eval.benchmarks import BENCHMARKS
-    from .eval.finetune import SCHEDULES
+    from .eval.config import EvalRunConfig
     from .eval.superglue import SUPERGLUE_TASKS
     from .eval.tasks import GLUE_TASKS
     from .impl import COMPILE_MODES
+    from .rules import registry_keys, resolve
 
-    named = {key: (registry, extra) for key, registry, extra, _ in checked()}
+    declared = dict(registry_keys(PretrainConfig)) | dict(registry_keys(EvalRunConfig))
+    named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
             "data.encoding_errors": (dict.fromkeys(ENCODING_ERRORS), ()),
-            "eval.kind": (BENCHMARKS, ()), "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS}, ()),
-            "eval.recipe.schedule": (SCHEDULES, ())}
+            "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS}, ())}
 
 
 def accepts(key: str, cls, name: str, named: dict) -> str:
@@ -98,8 +100,20 @@ def accepts(key: str, cls, name: str, named: dict) -> str:
         return ", ".join([*named[1], *named[0]]) + " (registry below)"
     rule = getattr(cls, "RULES", {}).get(name)
     if isinstance(rule, tuple):
-        return ", ".join(rule)
-    return rule or ""
+        return ", ".join("null" if choice is None else choice for choice in rule)
+    return (rule or "").split(": ", 1)[0]  # the range; its why is for the error message
+
+
+def meaning(key: str, cls, name: str) -> str:
+    """The field's comment, after the component its section belongs to (arch.rotary.pct: `arch.position=rotary`)."""
+    text = field_help(cls).get(name, "")
+    belongs = getattr(cls, "COMPONENT", None)
+    if belongs is None:
+        return text
+    field, names = belongs
+    holder = key.rsplit(".", 2)[0] + "." if key.count(".") >= 2 else ""
+    names = [names] if isinstance(names, str) else names
+    return f"{holder}{field}={' or '.join(names)}: {text}"
 
 
 def key_rows(schema, defaults: dict, named: dict, skip: tuple = ()):
@@ -111,7 +125,7 @@ def key_rows(schema, defaults: dict, named: dict, skip: tuple = ()):
         for part in key.split("."):  # the plain node: an interpolation stays as written
             default = default[part]
         yield (key, type_name(typing.get_type_hints(cls).get(f.name, f.type)), value_text(default),
-               accepts(key, cls, f.name, named), field_help(cls).get(f.name, ""))
+               accepts(key, cls, f.name, named), meaning(key, cls, f.name))
 
 
 def entry_line(entry) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from .errors import UserError, exit_on_user_error
+from .renames import RENAMED, moved
 from .report_plots import write_report
 
 # Config keys that differ between any two runs without describing the experiment.
@@ -91,7 +92,8 @@ def parse_overrides(items) -> dict:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
             pass  # not YAML (e.g. an unbalanced quote): keep the raw string
-        out[key.lstrip("+")] = value
+        key = key.lstrip("+")
+        out[RENAMED.get(key, key)] = value  # a run from before its option moved into a section
     return out
 
 
@@ -144,7 +146,7 @@ def load_run(path: Path) -> Run:
         choices = {k: v for k, v in hydra["hydra"]["runtime"]["choices"].items() if not k.startswith("hydra/")}
     except (KeyError, TypeError, AttributeError):
         choices = {}
-    config = flatten(config) | choices | parse_overrides(read_yaml(path / ".hydra" / "overrides.yaml"))
+    config = flatten(moved(config)) | choices | parse_overrides(read_yaml(path / ".hydra" / "overrides.yaml"))
     curve, final, events = read_metrics(path / "metrics.jsonl")
     return Run(path=path, config=config, curve=curve, final=final, summary=summary, events=events)
 

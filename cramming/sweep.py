@@ -50,7 +50,10 @@ def eval_after_config(config):
 
     from .eval.config import load_eval_config
     from .eval.recipe import load_tasks
+    from .renames import renamed_override
 
+    if line := renamed_override(config.eval_overrides):
+        raise UserError(f"eval_overrides: {line}")
     try:
         cfg = compose(config_name="eval", overrides=[f"checkpoint={os.devnull}", *config.eval_overrides])
     except HydraException as err:

@@ -45,11 +45,11 @@ NONDEFAULT = {
     "num_layers": (3, []), "hidden_size": (32, []), "num_heads": (4, []), "ffn_size": (64, []),
     "ffn": ("mlp", []), "activation": ("relu2", []), "norm": ("rmsnorm", []), "norm_eps": (1e-6, []),
     "norm_position": ("post", []), "qk_norm": (True, []), "embedding_norm": (False, []), "final_norm": (False, []),
-    "bias": (True, []), "position": ("rotary", []), "rotary_pct": (0.5, ["arch.position=rotary"]),
-    "rotary_base": (500.0, ["arch.position=rotary"]), "rotary_interleaved": (True, ["arch.position=rotary"]),
-    "rotary_every": (2, ["arch.position=rotary"]), "rpe_buckets": (16, ["arch.position=rpe"]),
-    "rpe_max_distance": (64, ["arch.position=rpe"]), "rpe_cache": (False, ["arch.position=rpe"]),
-    "layout": (["gmlp", "attention"], []), "gmlp_attn_dim": (8, ["arch.layout=[gmlp]"]),
+    "bias": (True, []), "position": ("rotary", []), "rotary.pct": (0.5, ["arch.position=rotary"]),
+    "rotary.base": (500.0, ["arch.position=rotary"]), "rotary.interleaved": (True, ["arch.position=rotary"]),
+    "rotary.every": (2, ["arch.position=rotary"]), "rpe.buckets": (16, ["arch.position=rpe"]),
+    "rpe.max_distance": (64, ["arch.position=rpe"]), "rpe.cache": (False, ["arch.position=rpe"]),
+    "layout": (["gmlp", "attention"], []), "gmlp.attn_dim": (8, ["arch.layout=[gmlp]"]),
     "attention.pattern": (["local", "global"], ["arch.attention.window=8"]), "attention.window": (8, []),
     "attention.topk": (4, ["arch.attention.pattern=[topk]", "impl.attention=eager"]),
     "linear": ("lowrank", []), "linear_on": (["ffn"], []),
@@ -60,7 +60,7 @@ NONDEFAULT = {
     "sparse_prediction": (False, []), "init": ("small", []), "init_std": (0.05, []), "hidden_dropout": (0.2, []),
     "attention_dropout": (0.3, []),
     "logit_softcap": (15.0, []), "zero_init_out": (True, []), "value_embeddings": (1, []), "unet_skips": (True, []),
-    "parametrization": ("mup", []), "mup_base_width": (32, []),
+    "parametrization": ("mup", []), "mup.base_width": (32, []),
     "rtd.generator_scale": (0.5, ["arch.objective=rtd"]), "rtd.generator_layers": (1, ["arch.objective=rtd"]),
     "rtd.weight": (10.0, ["arch.objective=rtd"]), "rtd.tie_embeddings": (False, ["arch.objective=rtd"]),
     "token_dropping.keep": (0.5, ["arch.num_layers=3"]), "token_dropping.decay": (0.9, []),
@@ -183,7 +183,7 @@ def test_no_positions_make_a_bidirectional_model_permutation_equivariant():
     assert not torch.allclose(logits(learned, x)[:, perm], logits(learned, x[:, perm]), atol=1e-3)
 
 
-@pytest.mark.parametrize("override", ["arch.rotary_pct=0.25", "arch.rotary_base=500", "arch.rotary_interleaved=true"])
+@pytest.mark.parametrize("override", ["arch.rotary.pct=0.25", "arch.rotary.base=500", "arch.rotary.interleaved=true"])
 def test_each_rotary_setting_changes_the_function(override):
     """Same weights, one rotary setting changed: different outputs (what each computes: test_rotary_kernel.py)."""
     base = model_for("arch.position=rotary", "arch.init_std=0.3")

@@ -19,8 +19,10 @@ RUN = TINY + ["train.max_steps=6", "train.batch_size=16", "impl.microbatch_size=
 
 
 def settings(**values):
-    return SimpleNamespace(**{"averaging": "ema", "ema_decay": 0.9, "lawa_k": 2, "lawa_every_fraction": 0.25,
-                              **values})
+    """train.* as the averagers read it: train.averaging, train.ema.decay, train.lawa.k / every_fraction."""
+    ema = SimpleNamespace(decay=values.pop("decay", 0.9))
+    lawa = SimpleNamespace(k=values.pop("k", 2), every_fraction=values.pop("every_fraction", 0.25))
+    return SimpleNamespace(**{"averaging": "ema", "ema": ema, "lawa": lawa, **values})
 
 
 def set_weights(model, value: float, step: int) -> list[torch.Tensor]:
@@ -33,7 +35,7 @@ def set_weights(model, value: float, step: int) -> list[torch.Tensor]:
 
 def test_ema_equals_a_hand_computed_ema_over_three_steps():
     model = torch.nn.Linear(3, 2)
-    ema = build_averaging(settings(averaging="ema", ema_decay=0.9), model)
+    ema = build_averaging(settings(averaging="ema", decay=0.9), model)
     assert isinstance(ema, EMA)
     seen = []
     for step, value in enumerate((0.5, -2.0, 3.0), 1):
@@ -49,7 +51,7 @@ def test_ema_equals_a_hand_computed_ema_over_three_steps():
 
 def test_lawa_is_the_mean_of_the_latest_k_snapshots():
     model = torch.nn.Linear(3, 2)
-    lawa = build_averaging(settings(averaging="lawa", lawa_k=2, lawa_every_fraction=0.25), model)
+    lawa = build_averaging(settings(averaging="lawa", k=2, every_fraction=0.25), model)
     assert isinstance(lawa, LAWA)
     weights = {}
     for step in range(1, 11):  # fractions 0.1 ... 1.0: snapshots when 0.25, 0.5, 0.75 and 1.0 are passed
@@ -63,7 +65,7 @@ def test_lawa_is_the_mean_of_the_latest_k_snapshots():
 
 def test_lawa_adds_the_final_weights_when_no_snapshot_is_due():
     model = torch.nn.Linear(3, 2)
-    lawa = build_averaging(settings(averaging="lawa", lawa_k=3, lawa_every_fraction=0.5), model)
+    lawa = build_averaging(settings(averaging="lawa", k=3, every_fraction=0.5), model)
     for step in range(1, 4):
         set_weights(model, 1.0, step)
         lawa.update(step, step / 4)
@@ -75,7 +77,7 @@ def test_lawa_adds_the_final_weights_when_no_snapshot_is_due():
 
 def test_the_average_is_swapped_in_and_out():
     model = torch.nn.Linear(3, 2)
-    ema = build_averaging(settings(averaging="ema", ema_decay=0.5), model)
+    ema = build_averaging(settings(averaging="ema", decay=0.5), model)
     set_weights(model, 1.0, 1)
     ema.update(1, 0.5)
     live = set_weights(model, 1.0, 2)
@@ -88,7 +90,7 @@ def test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_las
     from cramming.eval.finetune import build_classifier
     from cramming.eval.recipe import check_checkpoint
 
-    summary = pretraining.pretrain(config_for(*RUN, "train.averaging=ema", "train.ema_decay=0.5"), tmp_path)
+    summary = pretraining.pretrain(config_for(*RUN, "train.averaging=ema", "train.ema.decay=0.5"), tmp_path)
     folder = tmp_path / "final-ema"
     assert summary["averaging"]["checkpoint"] == str(folder.resolve())
     assert summary["averaging"]["updates"] == 6
@@ -111,10 +113,10 @@ def test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_las
 
 @pytest.mark.parametrize("override,fragment", [
     ("train.averaging=swa", "train.averaging='swa' is not a valid option; choose one of: ema, lawa, none"),
-    ("train.averaging=ema train.ema_decay=1.0", "train.ema_decay=1.0 is invalid: must be in (0, 1)"),
-    ("train.averaging=ema train.ema_decay=0", "train.ema_decay=0.0 is invalid: must be in (0, 1)"),
-    ("train.averaging=lawa train.lawa_k=0", "train.lawa_k=0 is invalid: must be >= 1"),
-    ("train.averaging=lawa train.lawa_every_fraction=1.5", "train.lawa_every_fraction=1.5 is invalid"),
+    ("train.averaging=ema train.ema.decay=1.0", "train.ema.decay=1.0 is invalid: must be in (0, 1)"),
+    ("train.averaging=ema train.ema.decay=0", "train.ema.decay=0.0 is invalid: must be in (0, 1)"),
+    ("train.averaging=lawa train.lawa.k=0", "train.lawa.k=0 is invalid: must be >= 1"),
+    ("train.averaging=lawa train.lawa.every_fraction=1.5", "train.lawa.every_fraction=1.5 is invalid"),
     ("train.averaging=ema impl.distributed=fsdp2", "cannot run under impl.distributed=fsdp2"),
 ])
 def test_bad_values_are_one_line(override, fragment):
@@ -124,8 +126,8 @@ def test_bad_values_are_one_line(override, fragment):
 
 
 def test_a_bad_value_exits_2_before_any_work(tmp_path):
-    result = run_pretrain(*TINY, "train.averaging=lawa", "train.lawa_k=0", run_dir=tmp_path / "run")
-    one_line_error(result, "train.lawa_k=0")
+    result = run_pretrain(*TINY, "train.averaging=lawa", "train.lawa.k=0", run_dir=tmp_path / "run")
+    one_line_error(result, "train.lawa.k=0")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -164,12 +166,12 @@ def test_the_preset_compares_none_ema_and_lawa():
     from test_experiments import expect, sweep_jobs, validated
 
     expect("weight-averaging", none={"train.averaging": "none"},
-           ema={"train.averaging": "ema", "train.ema_decay": 0.9},
-           lawa={"train.averaging": "lawa", "train.lawa_k": 5, "train.lawa_every_fraction": 0.05})
+           ema={"train.averaging": "ema", "train.ema.decay": 0.9},
+           lawa={"train.averaging": "lawa", "train.lawa.k": 5, "train.lawa.every_fraction": 0.05})
     gpu = [validated(job) for job in sweep_jobs("weight-averaging", ["arch=crammed-bert", "impl=gpu",
-                                                                      "train=budget-o4", "train.ema_decay=0.999"])]
+                                                                      "train=budget-o4", "train.ema.decay=0.999"])]
     assert [c.train.averaging for c in gpu] == ["none", "ema", "lawa"]
-    assert {c.train.ema_decay for c in gpu} == {0.999}
+    assert {c.train.ema.decay for c in gpu} == {0.999}
 
 
 def test_eval_after_evaluates_the_last_and_the_averaged_weights(tmp_path):
@@ -214,7 +216,7 @@ def test_ddp_averages_what_one_process_averages(tmp_path):
 
     steps = [*TINY, "train.schedule=step-triangle", "train.max_steps=4", "train.batch_ramp=0",
              "train.batch_size=16", "impl.microbatch_size=4", "train.checkpoint_every_minutes=null",
-             "train.averaging=lawa", "train.lawa_k=3", "train.lawa_every_fraction=0.25"]
+             "train.averaging=lawa", "train.lawa.k=3", "train.lawa.every_fraction=0.25"]
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           str(REPO / "pretrain.py"), *steps, "impl.distributed=ddp",
                           f"hydra.run.dir={tmp_path / 'ddp'}"], check=False, cwd=REPO, capture_output=True,

@@ -37,7 +37,7 @@ def test_gpt_presets_are_causal_decoders():
     for preset, dims in (("gpt-small", (12, 768, 12, 3072)), ("gpt-tiny", (4, 256, 4, 1024))):
         a = load_config(compose_config(f"arch={preset}")).arch
         assert (a.num_layers, a.hidden_size, a.num_heads, a.ffn_size) == dims
-        assert (a.objective, a.ffn, a.position, a.rotary_pct) == ("clm", "mlp", "rotary", 0.25)
+        assert (a.objective, a.ffn, a.position, a.rotary.pct) == ("clm", "mlp", "rotary", 0.25)
 
 
 def test_crammed_bert_is_the_cramming_recipe():
@@ -69,9 +69,9 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.attention.pattern=[stepped] arch.attention.window=48", "divides data.seq_length=128"),
         ("arch.attention.pattern=[local] arch.attention.window=200", "must be in [1, data.seq_length=128]"),
         ("arch.attention.pattern=[topk] arch.attention.topk=129", "arch.attention.topk=129"),
-        ("arch.position=rotary arch.rotary_every=0", "arch.rotary_every=0"),
-        ("arch.position=rpe arch.rpe_buckets=2", "arch.rpe_buckets=2"),
-        ("arch.position=rpe arch.rpe_max_distance=8", "arch.rpe_max_distance=8"),
+        ("arch.position=rotary arch.rotary.every=0", "arch.rotary.every=0"),
+        ("arch.position=rpe arch.rpe.buckets=2", "arch.rpe.buckets=2"),
+        ("arch.position=rpe arch.rpe.max_distance=8", "arch.rpe.max_distance=8"),
         ("arch.position=learned data.seq_length=256", "longer than the learned position table"),
         ("arch.linear=sparse", "arch.linear='sparse'"),
         ("arch.linear=lowrank arch.linear_on=[embeddings]", "arch.linear_on='embeddings'"),
@@ -84,9 +84,9 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("arch.attention.pattern=[]", "name at least one pattern"),
         ("arch.attention.pattern=local", "arch.attention.pattern"),
         ("arch.attention.pattern=[local] arch.attention.window=0", "arch.attention.window"),
-        ("arch.position=rotary arch.rotary_pct=1.5", "arch.rotary_pct=1.5"),
-        ("arch.position=rotary arch.rotary_pct=0.01", "rotates no dimension pair"),
-        ("arch.position=rotary arch.rotary_base=1", "arch.rotary_base"),
+        ("arch.position=rotary arch.rotary.pct=1.5", "arch.rotary.pct=1.5"),
+        ("arch.position=rotary arch.rotary.pct=0.01", "rotates no dimension pair"),
+        ("arch.position=rotary arch.rotary.base=1", "arch.rotary.base"),
         ("budget=0", "budget=0"),
         ("name=", "name=''"),
         ("data.seq_length=1024", "longer than the scaled-sinusoidal position table (arch.max_seq_length=128)"),
@@ -103,11 +103,11 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("train.warmup=1.5", "train.warmup=1.5"),
         ("train.schedule=budget-wsd train.warmup=0.6 train.cooldown=0.6", "must fit in the run"),
         ("train.optim.name=adam", "train.optim.name='adam'"),
-        ("train.optim.name=sgd train.optim.momentum=1.5", "train.optim.momentum"),
-        ("train.optim.name=muon train.optim.muon_lr=0", "train.optim.muon_lr"),
+        ("train.optim.name=sgd train.optim.sgd.momentum=1.5", "train.optim.sgd.momentum"),
+        ("train.optim.name=muon train.optim.muon.lr=0", "train.optim.muon.lr"),
         ("train.nonfinite=ignore", "train.nonfinite='ignore'"),
-        ("train.max_skipped=0", "train.max_skipped"),
-        ("train.rollback_lr_factor=2", "train.rollback_lr_factor"),
+        ("train.skip.max_in_row=0", "train.skip.max_in_row"),
+        ("train.nonfinite=rollback train.rollback.lr_factor=2", "train.rollback.lr_factor"),
         ("train.keep_checkpoints=0", "train.keep_checkpoints"),
         ("train.checkpoint_every_minutes=0", "train.checkpoint_every_minutes"),
         ("train.lr=-1", "train.lr"),

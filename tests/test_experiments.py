@@ -105,10 +105,10 @@ def expect(preset: str, **checks):
 def test_variants_set_what_they_say():
     expect("rotary-pct",
            **{"learned": {"arch.position": "learned"},
-              "rotary-25": {"arch.position": "rotary", "arch.rotary_pct": 0.25, "arch.rotary_every": 1},
-              "rotary-50": {"arch.position": "rotary", "arch.rotary_pct": 0.5},
-              "rotary-100": {"arch.position": "rotary", "arch.rotary_pct": 1.0},
-              "rotary-25-every2": {"arch.position": "rotary", "arch.rotary_pct": 0.25, "arch.rotary_every": 2}})
+              "rotary-25": {"arch.position": "rotary", "arch.rotary.pct": 0.25, "arch.rotary.every": 1},
+              "rotary-50": {"arch.position": "rotary", "arch.rotary.pct": 0.5},
+              "rotary-100": {"arch.position": "rotary", "arch.rotary.pct": 1.0},
+              "rotary-25-every2": {"arch.position": "rotary", "arch.rotary.pct": 0.25, "arch.rotary.every": 2}})
     expect("shortformer", **{"short-then-long": {"train.seq_schedule": [[0.9, 128], [0.1, 512]]},
                              "long": {"train.seq_schedule": [[1.0, 512]], "arch.position": "rotary"}})
     expect("local-attention", **{p: {"arch.attention.pattern": [p]} for p in ("global", "local", "stepped")})
@@ -116,8 +116,8 @@ def test_variants_set_what_they_say():
                                   "arch.attention.pattern": ["local"]},
            attention={"arch.layout": ["attention"], "arch.attention.pattern": ["global"]})
     expect("positions", learned={"arch.position": "learned"}, rotary={"arch.position": "rotary"},
-           rpe={"arch.position": "rpe", "arch.rpe_cache": True},
-           **{"rpe-nocache": {"arch.position": "rpe", "arch.rpe_cache": False}})
+           rpe={"arch.position": "rpe", "arch.rpe.cache": True},
+           **{"rpe-nocache": {"arch.position": "rpe", "arch.rpe.cache": False}})
     expect("topk-attention", **{p: {"arch.attention.pattern": [p]} for p in ("topk", "global")})
     expect("structured-linear", **{k: {"arch.linear": k} for k in
                                    ("dense", "lowrank", "kronecker", "monarch", "btt", "btt-moe")})

@@ -140,7 +140,7 @@ def test_pretrain_with_the_triton_kernels_matches_sdpa(tmp_path):
     """The issue's command: impl.attention=triton impl.rotary=triton arch.position=rotary trains (under the
     interpreter here), with the same losses as the PyTorch paths, and saves a portable checkpoint."""
     common = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
-              "arch.ffn_size=128", "arch.position=rotary", "arch.rotary_pct=0.5", "impl=cpu", "train=cpu-smoke",
+              "arch.ffn_size=128", "arch.position=rotary", "arch.rotary.pct=0.5", "impl=cpu", "train=cpu-smoke",
               "train.batch_size=8", "train.max_steps=3", "train.validation_sequences=8", "data=sanity",
               "data.vocab_size=256", "data.seq_length=32", "data.max_chars=40000", "data.validation_fraction=0.1"]
     env = {**os.environ, "TRITON_INTERPRET": "1"}

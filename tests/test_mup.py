@@ -151,7 +151,7 @@ def config_for(*overrides):
     (["arch.parametrization=mup", "train.optim.name=sgd"], "train.optim.name='sgd' is invalid: arch.parametriz"),
     (["arch.parametrization=mup", "arch.linear=lowrank"], "arch.linear='lowrank' is invalid: arch.parametrization"),
     (["arch.parametrization=mup", "arch.layout=[gmlp]"], r"arch.layout=\['gmlp'\] is invalid"),
-    (["arch.mup_base_width=0"], "arch.mup_base_width=0"),
+    (["arch.parametrization=mup", "arch.mup.base_width=0"], "arch.mup.base_width=0"),
     (["arch.parametrization=umup"], "arch.parametrization='umup' is not a valid option; choose one of: mup, "),
 ])
 def test_bad_values_exit_2_with_one_line(overrides, message, capsys):

@@ -186,13 +186,13 @@ CASES = {
                           lambda r: isinstance(r.optimizer, Combined)
                           and [type(p).__name__ for p in r.optimizer.parts] == ["Muon", "AdamW"]
                           and follows(cosine(0.3))(r)),
-    "sgd, linear": (["train.optim.name=sgd", "train.optim.momentum=0.8", "train.optim.nesterov=false",
+    "sgd, linear": (["train.optim.name=sgd", "train.optim.sgd.momentum=0.8", "train.optim.nesterov=false",
                      "train.lr=0.05", "train.schedule=budget-linear", "train.warmup=0"],
                     lambda r: type(r.optimizer) is torch.optim.SGD
                     and (r.optimizer.defaults["momentum"], r.optimizer.defaults["nesterov"]) == (0.8, False)
                     and follows(linear(0), lr=0.05)(r)),
     "step-wsd, rollback, keep 1": (["train.schedule=step-wsd", "train.nonfinite=rollback",
-                                    "train.rollback_lr_factor=0.25", "train.checkpoint_every_minutes=0.0001",
+                                    "train.rollback.lr_factor=0.25", "train.checkpoint_every_minutes=0.0001",
                                     "train.keep_checkpoints=1"],
                                    lambda r: [c.name for c in complete_checkpoints(r.run_dir)] == ["step-00000003"]
                                    and follows(wsd(0.1, 0.2))(r)),
@@ -206,7 +206,7 @@ CASES = {
         and initial_std(r, "encoder.layers.0.attn.out.weight") == pytest.approx(0.03 / 2**0.5, rel=0.05)),
     "small init": (["arch.init=small"], lambda r: initial_std(r, "encoder.layers.0.ffn.up.weight")
                    == pytest.approx((2 / (5 * 64)) ** 0.5, rel=0.05)),
-    "rotary, local, btt": (["arch.position=rotary", "arch.rotary_pct=0.25", "arch.attention.pattern=[local]",
+    "rotary, local, btt": (["arch.position=rotary", "arch.rotary.pct=0.25", "arch.attention.pattern=[local]",
                             "arch.attention.window=8", "arch.linear=btt"],
                            lambda r: attn(r).rotary.pct == 0.25 and attn(r).pattern_args.get("window") == 8
                            and isinstance(attn(r).qkv, BTT) and isinstance(r.layers[0].ffn.up, BTT)),
@@ -222,18 +222,18 @@ CASES = {
                              and type(r.layers[0].ffn.up) is Dense),
     "kronecker": (["arch.linear=kronecker"], lambda r: isinstance(attn(r).out, Kronecker)),
     # the "done when" command, at test size (the hybrid: gmlp blocks plus local attention)
-    "hybrid": (["arch.num_layers=4", "arch.position=rotary", "arch.rotary_pct=0.25",
+    "hybrid": (["arch.num_layers=4", "arch.position=rotary", "arch.rotary.pct=0.25",
                 "arch.layout=[gmlp,gmlp,gmlp,attention]", "arch.attention.pattern=[local]", "arch.attention.window=16",
                 "arch.linear=btt"],
                lambda r: [type(m) for m in r.layers] == [GMLPBlock] * 3 + [TransformerBlock]
                and attn(r, 3).pattern_args.get("window") == 16 and attn(r, 3).rotary is not None
                and isinstance(r.layers[0].up, BTT)),
-    "rpe, amlp": (["arch.position=rpe", "arch.rpe_cache=false", "arch.rpe_buckets=16", "arch.rpe_max_distance=64",
-                   "arch.layout=[gmlp,attention]", "arch.gmlp_attn_dim=16", "arch.num_layers=2"],
+    "rpe, amlp": (["arch.position=rpe", "arch.rpe.cache=false", "arch.rpe.buckets=16", "arch.rpe.max_distance=64",
+                   "arch.layout=[gmlp,attention]", "arch.gmlp.attn_dim=16", "arch.num_layers=2"],
                   lambda r: r.model.encoder.rpe.embedding.weight.shape == (16, 2)
-                  and r.model.encoder.rpe.max_distance == 64 and r.model.config.rpe_cache is False
+                  and r.model.encoder.rpe.max_distance == 64 and r.model.config.rpe.cache is False
                   and r.layers[0].tiny_attention.dim == 16),
-    "rotary every 2, stepped, topk": (["arch.position=rotary", "arch.rotary_every=2", "arch.num_layers=2",
+    "rotary every 2, stepped, topk": (["arch.position=rotary", "arch.rotary.every=2", "arch.num_layers=2",
                                        "arch.attention.pattern=[stepped,topk]", "arch.attention.window=8",
                                        "arch.attention.topk=4"],
                                       lambda r: [attn(r, i).rotary is not None for i in (0, 1)] == [True, False]
@@ -247,8 +247,8 @@ CASES = {
                                     and attn(r, 1).pattern_args.get("stepped") == 8),
     "gpt": (["arch=gpt-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
             lambda r: isinstance(r.model, CrammedForCausalLM) and attn(r).causal and type(r.layers[0].ffn) is MLP),
-    "rotary interleaved, base 500": (["arch.position=rotary", "arch.rotary_pct=0.5", "arch.rotary_interleaved=true",
-                                      "arch.rotary_base=500", "impl.rotary=torch"],
+    "rotary interleaved, base 500": (["arch.position=rotary", "arch.rotary.pct=0.5", "arch.rotary.interleaved=true",
+                                      "arch.rotary.base=500", "impl.rotary=torch"],
                                      lambda r: (attn(r).rotary.pct, attn(r).rotary.interleaved, attn(r).rotary.base)
                                      == (0.5, True, 500) and attn(r).rotary.kernel is ROTARY_IMPLS["torch"]),
     "alibi, local + global, sdpa": (["arch.position=alibi", "arch.attention.pattern=[local,global]",

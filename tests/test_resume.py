@@ -194,7 +194,7 @@ def test_nonfinite_skip(poison, tmp_path):
     assert [r["step"] for r in records(tmp_path) if r.get("event") == "skip"] == [2]
     poison.update(range(1, 100))
     with pytest.raises(RunStopped, match=r"3 steps in a row skipped") as stop:
-        pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=skip", "train.max_skipped=3",
+        pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=skip", "train.skip.max_in_row=3",
                                         "train.resume=never"), tmp_path / "again")
     assert stop.value.exit_code == 3
 
@@ -286,8 +286,8 @@ def whole_and_resumed(run: list[str], sigterm_at, tmp_path, stop_at: int = 2) ->
     return whole, resumed
 
 
-@pytest.mark.parametrize("averaging", [["train.averaging=ema", "train.ema_decay=0.7"],
-                                       ["train.averaging=lawa", "train.lawa_k=5", "train.lawa_every_fraction=0.3"]])
+@pytest.mark.parametrize("averaging", [["train.averaging=ema", "train.ema.decay=0.7"],
+                                       ["train.averaging=lawa", "train.lawa.k=5", "train.lawa.every_fraction=0.3"]])
 def test_resuming_gives_the_same_averaged_weights_bitwise(sigterm_at, tmp_path, averaging):
     """Stopped at step 2 of 6 and resumed: the averaging state comes back exactly, so the averaged checkpoint is
     the uninterrupted run's, bit for bit (LAWA's snapshots are steps 2, 4 and 6: one before the stop, and

@@ -10,7 +10,7 @@ import torch
 from test_resume import TINY, config_for
 from tqdm import tqdm
 
-from cramming.config import ArchConfig, DataConfig, TrainConfig
+from cramming.config import ArchConfig, DataConfig, RollbackConfig, SkipConfig, TrainConfig
 from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
 from cramming.engines import Engine
@@ -151,8 +151,8 @@ ABSURD = {"batch_size": 8, "batch_ramp": 0.0, "lr": 1e6, "schedule": "constant",
 
 
 def test_fp16_skip_keeps_the_grad_scaler_usable(sanity_data):
-    """After a skipped step the next step's unscale_ must work: the run goes on skipping until max_skipped."""
-    cfg = TrainConfig(**ABSURD, max_steps=10, nonfinite="skip", max_skipped=3)
+    """After a skipped step the next step's unscale_ must work: the run goes on skipping until train.skip.max_in_row."""
+    cfg = TrainConfig(**ABSURD, max_steps=10, nonfinite="skip", skip=SkipConfig(max_in_row=3))
     log = ListLog()
     with pytest.raises(RunStopped, match="3 steps in a row skipped") as stop:
         run(sanity_data, Budget(seconds=3600, max_steps=10), cfg, precision="fp16", log=log)
@@ -163,7 +163,7 @@ def test_fp16_skip_keeps_the_grad_scaler_usable(sanity_data):
 
 def test_fp16_rollback_keeps_the_grad_scaler_usable(sanity_data, tmp_path):
     """Every rollback reloads the scaler's state; the next steps run, and the run finishes its steps."""
-    cfg = TrainConfig(**ABSURD, max_steps=4, nonfinite="rollback", rollback_lr_factor=0.5)
+    cfg = TrainConfig(**ABSURD, max_steps=4, nonfinite="rollback", rollback=RollbackConfig(lr_factor=0.5))
     result, records = run(sanity_data, Budget(seconds=3600, max_steps=4), cfg, precision="fp16",
                           tmp_dir=tmp_path, save_first=True)
     assert result["steps"] == 4 and result["rollbacks"] >= 1
@@ -270,7 +270,7 @@ def test_hooks_are_called_in_turn_at_their_moments(sanity_data):
 def test_a_nonfinite_policy_returns_the_action_the_trainer_carries_out():
     from cramming.train.nonfinite import NONFINITE, Halt, Rollback, Skip
 
-    cfg = TrainConfig(max_skipped=7, rollback_lr_factor=0.25)
+    cfg = TrainConfig(skip=SkipConfig(max_in_row=7), rollback=RollbackConfig(lr_factor=0.25))
     assert NONFINITE["skip"](cfg) == Skip(7)
     assert NONFINITE["rollback"](cfg) == Rollback(0.25)
     assert isinstance(NONFINITE["halt"](cfg), Halt)

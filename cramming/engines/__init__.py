@@ -13,7 +13,7 @@ from .deepspeed import DeepSpeed
 from .fsdp2 import FSDP2
 from .torchrun import Torchrun, env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
 
-ENGINES = Registry("distributed engine")
+ENGINES = Registry("distributed engine", ask=None)  # asked once the world is known (Engine.problem)
 ENGINES["none"] = Engine
 ENGINES["ddp"] = DDP
 ENGINES["fsdp2"] = FSDP2

@@ -1,11 +1,12 @@
 """Typed schema of `python eval.py` (conf/eval.yaml), checked before any fine-tuning starts."""
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import ImplConfig, check, check_choice
+from ..config import ImplConfig, check, refuse
 from ..errors import UserError
 from ..schema import register
 from .tasks import GLUE_SET
@@ -27,6 +28,10 @@ class Recipe:
     dropout: float = 0.1  # hidden and attention dropout while fine-tuning
     grad_clip: float | None = None  # clip the gradient norm at this; null = off
 
+    RULES: ClassVar[dict] = {"lr": "> 0", "epochs": ">= 1", "batch_size": ">= 1", "max_length": ">= 8",
+                             "warmup_fraction": "[0, 1)", "dropout": "[0, 1)"}  # cramming/rules.py
+    REGISTRIES: ClassVar[dict] = {"schedule": "eval.finetune:SCHEDULES"}
+
 
 @dataclass
 class EvalConfig:
@@ -47,6 +52,9 @@ class EvalConfig:
     text_fields: list[str] = field(default_factory=list)  # eval=custom: one or two text columns
     label_field: str = "label"  # eval=custom: the label column
     task_type: str | None = None  # eval=custom: classification or regression; null = inferred from the labels
+
+    RULES: ClassVar[dict] = {"seeds": ">= 1", "baseline": ("random-init", None), "max_train_examples": "> 0 or null"}
+    REGISTRIES: ClassVar[dict] = {"kind": "eval.benchmarks:BENCHMARKS"}
 
 
 @dataclass
@@ -85,43 +93,20 @@ def recipe_for(config: EvalConfig, task: str) -> Recipe:
 
 
 def validate_eval(c: EvalRunConfig) -> None:
+    """The same walk over the schema as pretraining's (cramming/rules.py: eval.*, eval.recipe.*, impl.*), then
+    what the benchmark refuses, then each task's recipe with its overrides, under the same rules."""
+    from ..rules import schema_problems
     from .benchmarks import BENCHMARKS
-    from .finetune import SCHEDULES
 
     e = c.eval
     check(bool(c.checkpoint) != bool(c.name), "checkpoint", c.checkpoint,
-           "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
-    check_choice("eval.kind", e.kind, BENCHMARKS)
+          "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
+    for problem in schema_problems(c):
+        refuse(problem)
     benchmark = BENCHMARKS[e.kind]
-    check(e.seeds > 0, "eval.seeds", e.seeds, "must be >= 1")
-    if e.baseline is not None:
-        check_choice("eval.baseline", e.baseline, ("random-init",))
-    if e.max_train_examples is not None:
-        check(e.max_train_examples > 0, "eval.max_train_examples", e.max_train_examples, "must be > 0 or null")
     benchmark.validate(e)
-    validate_impl(c.impl)
-    for task in set(e.per_task) | {"*"}:
-        if task != "*" and benchmark.average_set:  # a benchmark's tasks (custom has its one)
+    for task in e.per_task:
+        if benchmark.average_set:  # a benchmark's tasks (custom has its one)
             check(task in e.tasks, f"eval.per_task.{task}", e.per_task[task], f"{task} is not in eval.tasks")
-        r = recipe_for(e, task)
-        key = "eval.recipe" if task == "*" else f"eval.per_task.{task}"
-        check(r.lr > 0, f"{key}.lr", r.lr, "must be > 0")
-        check(r.epochs > 0, f"{key}.epochs", r.epochs, "must be >= 1")
-        check(r.batch_size > 0, f"{key}.batch_size", r.batch_size, "must be >= 1")
-        check(r.max_length >= 8, f"{key}.max_length", r.max_length, "must be >= 8")
-        check(0 <= r.warmup_fraction < 1, f"{key}.warmup_fraction", r.warmup_fraction, "must be in [0, 1)")
-        check(0 <= r.dropout < 1, f"{key}.dropout", r.dropout, "must be in [0, 1)")
-        check_choice(f"{key}.schedule", r.schedule, SCHEDULES)
-
-
-def validate_impl(i) -> None:
-    """The impl keys eval.py reads (impl.resolve): without this, impl.precision=fp8 would quietly run as fp16.
-    The same rules and registries as pretraining's impl (cramming/config.py)."""
-    from ..config import components, refuse
-    from ..rules import declared_rules, rule_problem
-
-    for key, value, rule in declared_rules(i, "impl."):
-        refuse(rule_problem(key, value, rule))
-    for key, registry, extra, _ in components():
-        if key in ("impl.attention", "impl.rotary", "impl.loss"):
-            check_choice(key, getattr(i, key.removeprefix("impl.")), (*extra, *registry))
+        for problem in schema_problems(recipe_for(e, task), f"eval.per_task.{task}."):
+            refuse(problem)

@@ -15,6 +15,8 @@ class AttentionConfig:
     window: int = 64  # local: keys within this many positions on each side; stepped: the block length
     topk: int = 16  # topk: scores kept per query
 
+    REGISTRIES: ClassVar[dict] = {"pattern": "model.patterns:PATTERNS"}
+
 
 @dataclass
 class LinearArgs:
@@ -32,6 +34,51 @@ class LinearArgs:
 
 
 @dataclass
+class RotaryConfig:
+    """position=rotary (model/rotary.py): how much of each head turns, how fast, and in which blocks."""
+
+    pct: float = 1.0  # the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
+    base: float = 10000.0  # the frequencies' base
+    interleaved: bool = False  # which dims pair up: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
+    every: int = 1  # rotary in every k-th attention block only
+
+    COMPONENT: ClassVar[tuple] = ("position", "rotary")  # read only when arch.position=rotary (cramming/rules.py)
+    RULES: ClassVar[dict] = {"pct": "(0, 1]", "base": "> 1", "every": ">= 1: 1 = every attention block"}
+
+
+@dataclass
+class RPEConfig:
+    """position=rpe (model/rpe.py): T5's relative-position buckets."""
+
+    buckets: int = 32  # T5 relative-position buckets
+    max_distance: int = 128  # distances beyond this share the last bucket
+    cache: bool = True  # compute the bias once per forward (true) or in every layer (false)
+
+    COMPONENT: ClassVar[tuple] = ("position", "rpe")
+    RULES: ClassVar[dict] = {"buckets": ">= 4"}
+
+
+@dataclass
+class GMLPConfig:
+    """gmlp blocks in arch.layout (model/gmlp.py)."""
+
+    attn_dim: int = 0  # width of aMLP's tiny attention; 0 = none
+
+    COMPONENT: ClassVar[tuple] = ("layout", "gmlp")
+    RULES: ClassVar[dict] = {"attn_dim": ">= 0"}
+
+
+@dataclass
+class MupConfig:
+    """parametrization=mup (model/parametrization.py)."""
+
+    base_width: int = 128  # the hidden_size at which muP equals the standard parametrization
+
+    COMPONENT: ClassVar[tuple] = ("parametrization", "mup")
+    RULES: ClassVar[dict] = {"base_width": "> 0"}
+
+
+@dataclass
 class RTDConfig:
     """objective=rtd (ELECTRA): the generator's size relative to the discriminator, and the detection loss's weight."""
 
@@ -40,6 +87,7 @@ class RTDConfig:
     weight: float = 50.0  # loss = generator MLM loss + weight x detection loss (ELECTRA's lambda)
     tie_embeddings: bool = True  # the generator reads and predicts through the discriminator's embeddings
 
+    COMPONENT: ClassVar[tuple] = ("objective", "rtd")  # read only when arch.objective=rtd (cramming/rules.py)
     RULES: ClassVar[dict] = {"generator_scale": "(0, 1]", "generator_layers": "> 0 or null", "weight": "> 0"}
     # What a section saved in config.json before the key existed meant (configuration_crammed.arch_value).
     SAVED_BEFORE: ClassVar[dict] = {"tie_embeddings": False}
@@ -76,15 +124,10 @@ class ArchConfig:
     final_norm: bool = True  # normalise after the last block
     bias: bool = False  # biases in the projections and the decoder
     position: str = "scaled-sinusoidal"  # how the model knows token positions
-    rotary_pct: float = 1.0  # rotary: the share of each head's dims that is rotated (GPT-NeoX uses 0.25)
-    rotary_base: float = 10000.0  # rotary: the frequencies' base
-    rotary_interleaved: bool = False  # rotary pairs: (i, i + d/2) as in GPT-NeoX, or (2i, 2i + 1) as in GPT-J
-    rotary_every: int = 1  # rotary in every k-th attention block only
-    rpe_buckets: int = 32  # rpe: T5 relative-position buckets
-    rpe_max_distance: int = 128  # rpe: distances beyond this share the last bucket
-    rpe_cache: bool = True  # rpe: compute the bias once per forward (true) or in every layer (false)
+    rotary: RotaryConfig = field(default_factory=RotaryConfig)
+    rpe: RPEConfig = field(default_factory=RPEConfig)
     layout: list[str] = field(default_factory=lambda: ["attention"])  # block kinds cycled over the layers
-    gmlp_attn_dim: int = 0  # gmlp: width of aMLP's tiny attention; 0 = none
+    gmlp: GMLPConfig = field(default_factory=GMLPConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     linear: str = "dense"  # the kind of matrix in the projections named by linear_on
     linear_on: list[str] = field(default_factory=lambda: ["ffn", "attention"])  # the projections that use arch.linear
@@ -104,12 +147,20 @@ class ArchConfig:
     value_embeddings: int = 0  # token-embedding tables mixed into the values of the first and last k layers
     unet_skips: bool = False  # first half's block outputs added to the mirrored second half's inputs
     parametrization: str = "standard"  # how init, lr, logits and attention scale with width
-    mup_base_width: int = 128  # mup: the hidden_size at which muP equals the standard parametrization
+    mup: MupConfig = field(default_factory=MupConfig)
     token_dropping: TokenDroppingConfig = field(default_factory=TokenDroppingConfig)
 
-    # What each plain option accepts (cramming/rules.py); named components are checked by their registries.
+    # What each plain option accepts (cramming/rules.py).
     RULES: ClassVar[dict] = {
         "num_layers": "> 0", "hidden_size": "> 0", "num_heads": "> 0", "ffn_size": "> 0", "max_seq_length": "> 0",
-        "norm_position": ("pre", "post"), "gmlp_attn_dim": ">= 0", "linear_on": ("ffn", "attention"),
-        "init_std": "> 0", "hidden_dropout": "[0, 1)", "attention_dropout": "[0, 1)", "mup_base_width": "> 0",
+        "norm_position": ("pre", "post"), "linear_on": ("ffn", "attention"),
+        "init_std": "> 0", "hidden_dropout": "[0, 1)", "attention_dropout": "[0, 1)",
+    }
+    # The options naming registered components, asked in this order (position after the blocks and the patterns:
+    # their messages say more). Module paths are relative to the cramming package, so this file imports nothing.
+    REGISTRIES: ClassVar[dict] = {
+        "ffn": "model.ffn:FFNS", "activation": "model.ffn:ACTIVATIONS", "norm": "model.norms:NORMS",
+        "init": "model.inits:INITS", "linear": "model.linear:LINEARS", "layout": "model.block:BLOCKS",
+        "objective": "train.objectives:OBJECTIVES", "position": "model.positions:POSITIONS",
+        "parametrization": "model.parametrization:PARAMETRIZATIONS",
     }

@@ -149,7 +149,7 @@ def autocast_dtype(q, k, v):
 
 
 class SelfAttention(nn.Module):
-    """`index` counts the attention blocks only: the pattern list and rotary_every cycle over those."""
+    """`index` counts the attention blocks only: the pattern list and arch.rotary.every cycle over those."""
 
     def __init__(self, config, index: int = 0):
         super().__init__()

@@ -2,7 +2,7 @@
 
 Channels go up to ffn_size and split in two halves u and v; v is normalised and mixed across positions by a
 learned (seq x seq) matrix, the spatial gating unit; u * v goes back down to the hidden size. With
-`arch.gmlp_attn_dim` > 0 a tiny single-head attention of that width is added to the gate (aMLP). Causal models
+`arch.gmlp.attn_dim` > 0 a tiny single-head attention of that width is added to the gate (aMLP). Causal models
 use the lower triangle of the spatial matrix only.
 """
 
@@ -26,7 +26,7 @@ class TinyAttention(nn.Module):
 
     def __init__(self, config, out_features: int):
         super().__init__()
-        self.dim = config.gmlp_attn_dim
+        self.dim = config.gmlp.attn_dim
         self.qkv = nn.Linear(config.hidden_size, 3 * self.dim, bias=config.bias)
         self.out = nn.Linear(self.dim, out_features, bias=config.bias)
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
@@ -69,7 +69,7 @@ class GMLPBlock(nn.Module):
         # Near-identity start (weights 0, bias 1: the gate passes u through), as the paper recommends.
         self.spatial = nn.Parameter(torch.zeros(config.max_seq_length, config.max_seq_length))
         self.spatial_bias = nn.Parameter(torch.ones(config.max_seq_length))
-        self.tiny_attention = TinyAttention(config, half) if config.gmlp_attn_dim > 0 else None
+        self.tiny_attention = TinyAttention(config, half) if config.gmlp.attn_dim > 0 else None
         self.down = build_linear(config, "ffn", half, config.hidden_size)
         self.down.residual_output = True
         self.causal = config.causal

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from .linear_btt import btt_count, btt_factors, btt_materialise, btt_multiply, btt_shapes, factorize
 from .registry import Registry, invalid
 
-LINEARS = Registry("linear layer")
+LINEARS = Registry("linear layer", ask=lambda _, config: projections_problem(config))
 
 
 def _register(name: str):

@@ -73,7 +73,7 @@ class CrammedPreTrainedModel(PreTrainedModel):
 
 def build_layers(config) -> list[nn.Module]:
     """arch.layout cycled over the layers; each block gets its index among blocks of its kind, so attention
-    patterns and rotary_every cycle over the attention blocks."""
+    patterns and arch.rotary.every cycle over the attention blocks."""
     layers, seen = [], {}
     for i in range(config.num_layers):
         kind = config.layout[i % len(config.layout)]
@@ -93,7 +93,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.embedding_project = nn.Identity()  # embeddings of another width, shared (ELECTRA's generator): to ours
         self.layers = nn.ModuleList(build_layers(config))
         mark_hidden(self.layers)  # arch.parametrization scales their init (inits.py) and lr (train/optim.py)
-        # A score bias shared by all layers (T5's relative-position bias), computed once per forward (rpe_cache)
+        # A score bias shared by all layers (T5's relative-position bias), computed once per forward (arch.rpe.cache)
         # or again in every layer. The name `rpe` is what saved checkpoints hold.
         self.rpe = positions.score_bias(config)
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
@@ -131,12 +131,12 @@ class CrammedModel(CrammedPreTrainedModel):
         key_padding_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_padding_mask = attention_mask.bool()
-        shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe_cache else None
+        shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe.cache else None
         values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
         outputs = []  # each block's output, for the U-net skips
         dropping = dropping_layers(self.config) if keep is not None else None
         for i, layer in enumerate(self.layers):
-            bias = shared_bias if self.rpe is None or self.config.rpe_cache else self.rpe(seq_len, past)
+            bias = shared_bias if self.rpe is None or self.config.rpe.cache else self.rpe(seq_len, past)
             if self.unet is not None:
                 x = self.unet(i, x, outputs)
             extra = {"value_embedding": values[i]} if i in values else {}

@@ -2,8 +2,8 @@
 
 `standard` is what every other option assumes. `mup` is the Maximal Update Parametrization for Adam-family
 optimizers (Yang et al. 2022, "Tensor Programs V", Table 3 and 8; the `mup` package's MuReadout / MuAdam), so that
-a learning rate tuned at width arch.mup_base_width transfers to wider models. With width multiplier
-m = hidden_size / mup_base_width:
+a learning rate tuned at width arch.mup.base_width transfers to wider models. With width multiplier
+m = hidden_size / mup.base_width:
 - hidden matrices (every dense projection inside the blocks, and the MLM head's transform) start at std
   init_std / sqrt(m) (fan-in scaling: variance 1 / fan_in) and get Adam learning rate train.lr / m and weight
   decay train.weight_decay * m, so their decay per step, lr * wd, is the base width's (MuAdam's rule for decay
@@ -58,7 +58,7 @@ class Mup(Standard):
     needs_normalised_updates = True  # the lr / m table is Adam's: per-coordinate normalised steps (Lion's too)
 
     def width_multiplier(self, config) -> float:
-        return config.hidden_size / config.mup_base_width
+        return config.hidden_size / config.mup.base_width
 
     def init_width(self, config) -> int:
         """The base width: a width-dependent arch.init (small) gives the base model's stds, and hidden_std's
@@ -73,7 +73,7 @@ class Mup(Standard):
 
     def attention_scale(self, config) -> float | None:
         head_dim = config.hidden_size // config.num_heads
-        base_head_dim = config.mup_base_width / config.num_heads
+        base_head_dim = config.mup.base_width / config.num_heads
         if head_dim == base_head_dim:
             return None  # the standard scale, bit for bit
         return math.sqrt(base_head_dim) / head_dim

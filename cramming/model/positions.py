@@ -142,29 +142,21 @@ class T5RelativeBias(PositionScheme):
         return RelativePositionBias(config)
 
     def problem(self, config) -> str | None:
-        a = config.arch
-        if a.rpe_buckets < 4:
-            return invalid("arch.rpe_buckets", a.rpe_buckets, "must be >= 4")
-        if a.rpe_max_distance < a.rpe_buckets:
-            return invalid("arch.rpe_max_distance", a.rpe_max_distance, f"must be >= arch.rpe_buckets={a.rpe_buckets}")
+        rpe = config.arch.rpe  # its own ranges: RPEConfig.RULES
+        if rpe.max_distance < rpe.buckets:
+            return invalid("arch.rpe.max_distance", rpe.max_distance, f"must be >= arch.rpe.buckets={rpe.buckets}")
         return None
 
 
 @POSITIONS.register_one("rotary")
 class Rotary(PositionScheme):
     def rotation(self, config, index: int) -> Rotation | None:
-        return Rotation(config) if index % config.rotary_every == 0 else None
+        return Rotation(config) if index % config.rotary.every == 0 else None
 
     def problem(self, config) -> str | None:
         a = config.arch
         head_dim = a.hidden_size // a.num_heads
-        if not 0 < a.rotary_pct <= 1:
-            return invalid("arch.rotary_pct", a.rotary_pct, "must be in (0, 1]")
-        if int(head_dim * a.rotary_pct) < 2:
-            return invalid("arch.rotary_pct", a.rotary_pct,
+        if int(head_dim * a.rotary.pct) < 2:  # its own ranges: RotaryConfig.RULES
+            return invalid("arch.rotary.pct", a.rotary.pct,
                            f"rotates no dimension pair of a {head_dim}-dim head; raise it")
-        if a.rotary_base <= 1:
-            return invalid("arch.rotary_base", a.rotary_base, "must be > 1")
-        if a.rotary_every < 1:
-            return invalid("arch.rotary_every", a.rotary_every, "must be >= 1 (1 = every attention block)")
         return None

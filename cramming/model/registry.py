@@ -5,10 +5,19 @@ the model files may only import each other relatively.
 """
 
 
+def own_problem(entry, config) -> str | None:
+    """What a registered entry refuses in a run config: its `problem(config)`, or None when it has none."""
+    problem = getattr(entry, "problem", None)
+    return problem(config) if problem is not None else None
+
+
 class Registry(dict):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, ask=own_problem):
+        """ask(entry, run_config) -> str | None: how config validation asks a chosen entry what it refuses (None:
+        it is not asked there; cramming/rules.py)."""
         super().__init__()
         self.kind = kind
+        self.ask = ask
 
     def register(self, name: str, problem=None, **traits):
         """problem(run_config) -> str | None: what the entry refuses, for entries (functions) that cannot carry a
@@ -43,12 +52,6 @@ class Registry(dict):
     def having(self, trait: str) -> list[str]:
         """The sorted names of the entries whose `trait` attribute is true (missing counts as false)."""
         return sorted(name for name, entry in self.items() if getattr(entry, trait, False))
-
-
-def own_problem(entry, config) -> str | None:
-    """What a registered entry refuses in a run config: its `problem(config)`, or None when it has none."""
-    problem = getattr(entry, "problem", None)
-    return problem(config) if problem is not None else None
 
 
 def invalid(key: str, value, requirement: str) -> str:

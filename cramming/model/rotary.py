@@ -106,7 +106,7 @@ class Rotation:
 
     def __init__(self, config):
         self.kernel = ROTARY_IMPLS.get_or_explain(config.rotary_impl)
-        self.pct, self.base, self.interleaved = config.rotary_pct, config.rotary_base, config.rotary_interleaved
+        self.pct, self.base, self.interleaved = config.rotary.pct, config.rotary.base, config.rotary.interleaved
         self.max_seq_length = config.max_seq_length
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0,

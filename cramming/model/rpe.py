@@ -1,6 +1,6 @@
 """T5's relative-position bias (`arch.position=rpe`): a learned scalar per head for each bucket of relative
 distance, added to the attention scores. Small distances get a bucket each, larger ones share logarithmically
-wider buckets up to `rpe_max_distance`, beyond which all share the last. Bidirectional models split the buckets
+wider buckets up to `arch.rpe.max_distance`, beyond which all share the last. Bidirectional models split the buckets
 between keys before and after the query; causal models only look back."""
 
 import math
@@ -28,8 +28,8 @@ class RelativePositionBias(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.bidirectional = not config.causal
-        self.num_buckets, self.max_distance = config.rpe_buckets, config.rpe_max_distance
-        self.embedding = nn.Embedding(config.rpe_buckets, config.num_heads)
+        self.num_buckets, self.max_distance = config.rpe.buckets, config.rpe.max_distance
+        self.embedding = nn.Embedding(config.rpe.buckets, config.num_heads)
 
     def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
         """(1, heads, seq, offset + seq) bias of the queries at offset .. offset + seq - 1 (offset: tokens already

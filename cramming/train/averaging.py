@@ -3,8 +3,8 @@
 - `ema`: an fp32 shadow of the weights, `shadow = decay * shadow + (1 - decay) * weights` after each applied
   optimizer step (torch.optim.swa_utils' EMA update); it starts as the weights after the first step, as
   torch's AveragedModel does.
-- `lawa` (Kaddour 2022, "Stop wasting my time!"): the uniform mean of the latest `train.lawa_k` snapshots, one
-  taken each time the budget fraction passes another multiple of `train.lawa_every_fraction`, and the final
+- `lawa` (Kaddour 2022, "Stop wasting my time!"): the uniform mean of the latest `train.lawa.k` snapshots, one
+  taken each time the budget fraction passes another multiple of `train.lawa.every_fraction`, and the final
   weights as the newest. Snapshots wait on the CPU, so they cost no GPU memory.
 
 The averaging state goes into every resume checkpoint (state.pt) and comes back bit for bit. It averages the
@@ -18,7 +18,7 @@ import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..engines import ENGINES
-from ..model.registry import Registry, invalid
+from ..model.registry import Registry
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
@@ -102,18 +102,10 @@ class EMA(Averager):
 
     def __init__(self, cfg, model):
         super().__init__(cfg, model)
-        self.decay = cfg.ema_decay
+        self.decay = cfg.ema.decay
         self.shadow = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]  # on the weights' device
         self.updates = 0
         self.lerp = get_ema_multi_avg_fn(self.decay)
-
-    @classmethod
-    def problem(cls, config) -> str | None:
-        cfg = config.train
-        if not 0 < cfg.ema_decay < 1:
-            return invalid("train.ema_decay", cfg.ema_decay, "must be in (0, 1): the share of the average kept at "
-                           "each step, e.g. 0.999 (about the last 1000 steps)")
-        return super().problem(config)
 
     @torch.no_grad()
     def update(self, step: int, fraction: float) -> None:
@@ -145,19 +137,9 @@ class LAWA(Averager):
 
     def __init__(self, cfg, model):
         super().__init__(cfg, model)
-        self.k, self.every = cfg.lawa_k, cfg.lawa_every_fraction
+        self.k, self.every = cfg.lawa.k, cfg.lawa.every_fraction
         self.snapshots: list[tuple[int, list[torch.Tensor]]] = []  # (step, fp32 CPU weights), oldest first
-        self.passed = 0  # multiples of lawa_every_fraction the run had passed at the last update
-
-    @classmethod
-    def problem(cls, config) -> str | None:
-        cfg = config.train
-        if cfg.lawa_k < 1:
-            return invalid("train.lawa_k", cfg.lawa_k, "must be >= 1: the number of latest snapshots averaged")
-        if not 0 < cfg.lawa_every_fraction <= 1:
-            return invalid("train.lawa_every_fraction", cfg.lawa_every_fraction,
-                           "must be in (0, 1]: the budget fraction between snapshots, e.g. 0.05")
-        return super().problem(config)
+        self.passed = 0  # multiples of lawa.every_fraction the run had passed at the last update
 
     def update(self, step: int, fraction: float) -> None:
         passed = int(fraction / self.every + 1e-9)  # 1.0 / 0.05 is 19.999... in floating point

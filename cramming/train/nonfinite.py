@@ -34,8 +34,8 @@ class Rollback:
 
 @NONFINITE.register("skip")
 def skip(cfg) -> Skip:
-    """Drop the step and go on, halting after train.max_skipped of them in a row."""
-    return Skip(cfg.max_skipped)
+    """Drop the step and go on, halting after train.skip.max_in_row of them in a row."""
+    return Skip(cfg.skip.max_in_row)
 
 
 @NONFINITE.register("halt")
@@ -45,8 +45,8 @@ def halt(cfg) -> Halt:
 
 @NONFINITE.register("rollback")
 def rollback(cfg) -> Rollback:
-    """Back to the last checkpoint, the learning rate times train.rollback_lr_factor."""
-    return Rollback(cfg.rollback_lr_factor)
+    """Back to the last checkpoint, the learning rate times train.rollback.lr_factor."""
+    return Rollback(cfg.rollback.lr_factor)
 
 
 rollback.checkpoint_first = True  # it needs somewhere to go back to from the first step on

@@ -14,7 +14,7 @@ from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametriz
 from ..model.registry import Registry, invalid, own_problem
 from .lion import Lion
 
-OPTIMIZERS = Registry("optimizer")
+OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: run_problem(entry, config))
 # Entry traits: normalised_updates (each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam
 # table holds); whole_matrices (the update reads whole matrices, as Muon's orthogonalisation: no sharded state).
 
@@ -86,15 +86,10 @@ def adamw(model, cfg):
     return fused_adamw(width_groups(model, cfg), cfg)
 
 
-def sgd_problem(config) -> str | None:
-    momentum = config.train.optim.momentum
-    return None if 0 <= momentum < 1 else invalid("train.optim.momentum", momentum, "must be in [0, 1)")
-
-
-@OPTIMIZERS.register("sgd", problem=sgd_problem)
+@OPTIMIZERS.register("sgd")
 def sgd(model, cfg):
     """SGD with (Nesterov) momentum; its weight decay is the classic L2 term added to the gradient."""
-    momentum = cfg.optim.momentum
+    momentum = cfg.optim.sgd.momentum
     return torch.optim.SGD(decay_groups(model.parameters(), cfg, cfg.lr), lr=cfg.lr, momentum=momentum,
                            nesterov=cfg.optim.nesterov and momentum > 0)
 
@@ -115,20 +110,14 @@ def hidden_matrices(model) -> list[torch.nn.Parameter]:
 
 
 def muon_problem(config) -> str | None:
-    o = config.train.optim
-    if problem := optimizer_problem("muon"):
-        return problem
-    if o.muon_lr <= 0:
-        return invalid("train.optim.muon_lr", o.muon_lr, "must be > 0")
-    if not 0 <= o.muon_momentum < 1:
-        return invalid("train.optim.muon_momentum", o.muon_momentum, "must be in [0, 1)")
-    return None
+    """This torch has no Muon (its lr and momentum: MuonConfig.RULES)."""
+    return optimizer_problem("muon")
 
 
 @OPTIMIZERS.register("muon", problem=muon_problem, whole_matrices=True)
 def muon(model, cfg):
     """Muon (Jordan et al. 2024: momentum orthogonalised by a Newton-Schulz iteration) for the blocks' matrices at
-    peak lr optim.muon_lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""
+    peak lr train.optim.muon.lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""
     if problem := optimizer_problem("muon"):
         raise UserError(problem)
     matrices = hidden_matrices(model)
@@ -138,8 +127,8 @@ def muon(model, cfg):
     taken = set(matrices)
     rest = [p for p in model.parameters() if p not in taken]
     o = cfg.optim
-    hidden = torch.optim.Muon([{"params": matrices, "lr": o.muon_lr, "base_lr": o.muon_lr}], lr=o.muon_lr,
-                              weight_decay=cfg.weight_decay, momentum=o.muon_momentum, nesterov=o.nesterov)
+    hidden = torch.optim.Muon([{"params": matrices, "lr": o.muon.lr, "base_lr": o.muon.lr}], lr=o.muon.lr,
+                              weight_decay=cfg.weight_decay, momentum=o.muon.momentum, nesterov=o.nesterov)
     return Combined(hidden, fused_adamw(decay_groups(rest, cfg, cfg.lr), cfg))
 
 

@@ -19,6 +19,7 @@ import torch
 
 from ..engines import ENGINES, Engine
 from ..errors import UserError
+from ..renames import moved
 from .state import TrainState, capture_rng, restore_rng
 
 MARKER = "COMPLETE"
@@ -185,7 +186,7 @@ def find_resume(resume: str, run_dir: Path, config) -> Path | None:
         found = complete_checkpoints(run)
         if not found:
             continue
-        saved = json.loads((found[-1] / "config.json").read_text())
+        saved = moved(json.loads((found[-1] / "config.json").read_text()))  # written before options moved too
         if saved.get("name") != config.name:
             if run == run_dir:
                 print(f"not resuming from {found[-1]}: it belongs to run name={saved.get('name')!r}, this is "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..model.registry import Registry, invalid
 
-SCHEDULES = Registry("schedule")
+SCHEDULES = Registry("schedule", ask=lambda entry, config: run_problem(entry, config))
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
 
 
@@ -111,6 +111,12 @@ def constant(progress: float, warmup: float, cooldown: float) -> float:
     if progress < warmup:
         return warm(progress, warmup)
     return 1.0
+
+
+def run_problem(entry, config) -> str | None:
+    """What the chosen schedule refuses in a run config (asked by config validation)."""
+    t = config.train
+    return entry.problem(t.warmup, t.cooldown, t.max_steps)
 
 
 def schedule_problem(name: str, warmup: float, cooldown: float, max_steps: int | None) -> str | None:

@@ -246,7 +246,7 @@ class Trainer:
             state.skipped_in_row += 1
             p.log.log({"step": state.step, "event": "skip", "reason": reason, "skipped": state.skipped})
             if state.skipped_in_row >= action.limit:
-                raise RunStopped(f"{reason}: {state.skipped_in_row} steps in a row skipped (train.max_skipped="
+                raise RunStopped(f"{reason}: {state.skipped_in_row} steps in a row skipped (train.skip.max_in_row="
                                  f"{action.limit}); last checkpoint: {p.checkpointer.latest()}", EXIT_NONFINITE)
             return
         latest = p.checkpointer.latest()  # Rollback
