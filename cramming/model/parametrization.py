@@ -63,7 +63,7 @@ class Mup(Standard):
     def init_width(self, config) -> int:
         """The base width: a width-dependent arch.init (small) gives the base model's stds, and hidden_std's
         1 / sqrt(m) alone carries them to this width (else both scale: hidden std 1 / m, embeddings shrinking)."""
-        return config.mup_base_width
+        return config.mup.base_width
 
     def hidden_std(self, config, std: float) -> float:
         return std / math.sqrt(self.width_multiplier(config))
