@@ -35,18 +35,26 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
              "tags:", "- cramming", f"- {objective}", "- custom_code", "---", ""]
     source = config["data"]["source"] + (f" ({config['data']['path']})" if config["data"].get("path") else "")
     started = f"; started from the weights of `{summary['init_from']}`" if summary.get("init_from") else ""
+    step = summary.get("intermediate_step")  # an intermediate checkpoint (export.py): the run went on after it
+    when = (f" It is the intermediate checkpoint after step {step:,}, {summary['elapsed_seconds'] / 3600:.2f} h "
+            "into the budget." if step is not None else "")
+    corpus = f"{data['train_tokens']:,} training tokens, " if data.get("train_tokens") is not None else ""
+    where = f" on {summary['device']} ({summary['precision']})" if summary.get("device") else ""
+    loss = (f"| final validation loss | {summary['val_loss']:.4f} (untrained {summary['untrained_val_loss']:.4f}) |"
+            if summary.get("val_loss") is not None else
+            f"| validation loss | not measured at this step (untrained {summary['untrained_val_loss']:.4f}) |")
     lines = [
-        f"# {summary['name']}", "",
+        f"# {summary['name']}" + (f" (step {step:,})" if step is not None else ""), "",
         (f"A {objective.upper()} model pretrained with [cramming](https://github.com/JonasGeiping/cramming)'s recipe "
-         f"on a wall-clock budget of {summary['budget_hours']:g} hours{started}."), "",
+         f"on a wall-clock budget of {summary['budget_hours']:g} hours{started}.{when}"), "",
         "| | |", "|---|---|",
         (f"| architecture | {arch['num_layers']} layers x {arch['hidden_size']} wide, {arch['num_heads']} heads, "
          f"{arch['ffn']} FFN {arch['ffn_size']}, {arch['norm_position']}-norm, {arch['position']} positions |"),
         f"| parameters | {summary['parameters']:,} |",
-        f"| data | {source}: {data['train_tokens']:,} training tokens, vocabulary {data['vocab_size']:,} |",
-        f"| budget | {summary['budget_hours']:g} h on {summary['device']} ({summary['precision']}) |",
+        f"| data | {source}: {corpus}vocabulary {data['vocab_size']:,} |",
+        f"| budget | {summary['budget_hours']:g} h{where} |",
         f"| tokens seen | {summary['tokens']:,} in {summary['steps']:,} steps |",
-        f"| final validation loss | {summary['val_loss']:.4f} (untrained {summary['untrained_val_loss']:.4f}) |",
+        loss,
         "", "## How it was made", "", "```bash", summary.get("command") or "(not recorded)", "```", "",
         "## Use", "", "```python", f"from transformers import AutoTokenizer, {LOADERS.get(objective, 'AutoModel')}",
         "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",

@@ -1,0 +1,68 @@
+"""An intermediate checkpoint as a Hugging Face model folder, so training dynamics can be studied without this
+package: `python -m cramming.export <run>/checkpoints/step-<n> [<out>]` writes what a run's `checkpoint/` holds
+(the weights, config.json with its auto_map, the model code, the tokenizer and a model card) to `<out>`, by
+default `<run>/exported/step-<n>/`. Step folders are resume points: their config.json is the run's config, read by
+train.resume, so they stay as they are and the export is a folder of its own."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from .errors import UserError, exit_on_user_error
+from .renames import moved
+from .train.checkpoint import save_checkpoint
+from .train.resume import MARKER
+
+
+def export_step(step: Path, out: Path | None = None) -> Path:
+    """Write the step folder `step` as a model folder (default <run>/exported/<step name>); returns it."""
+    from transformers import PreTrainedTokenizerFast
+
+    from .impl import Runtime
+    from .model.arch import ArchConfig
+    from .pretraining import build_model, count_parameters
+
+    step = Path(step)
+    if not (step / MARKER).is_file() or not (step / "state.pt").is_file():
+        raise UserError(f"{step} is not a complete step folder (no {MARKER} and state.pt): give one of a run's "
+                        "checkpoints/step-<n>/ folders")
+    if not (step / "tokenizer").is_dir():
+        raise UserError(f"{step} carries no tokenizer (written before step folders held one); the run's "
+                        "checkpoint/ folder loads as it is")
+    saved = torch.load(step / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    if "model" not in saved:
+        raise UserError(f"{step} holds its weights in an engine's shards (FSDP2, DeepSpeed); resume the run "
+                        "with one process (train.resume) and export a step it writes")
+    config = moved(saved["config"])
+    arch = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), config["arch"]))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(step / "tokenizer")
+    special = {"pad": tokenizer.pad_token_id, "cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
+               "mask": tokenizer.mask_token_id}
+    model = build_model(arch, len(tokenizer), special, Runtime(torch.device("cpu"), "fp32", False))
+    model.load_state_dict(saved["model"])
+    state = saved["state"]
+    summary = {"name": config["name"], "budget_hours": config["budget"], "config": config,
+               "data": {"vocab_size": len(tokenizer)}, "parameters": count_parameters(model),
+               "tokens": state["tokens"], "steps": state["step"], "intermediate_step": state["step"],
+               "elapsed_seconds": state["elapsed"], "val_loss": None,
+               "untrained_val_loss": state["untrained"].get("val_loss", float("nan")),
+               "init_from": config["train"].get("init_from"), "exported_from": str(step.resolve())}
+    out = Path(out) if out is not None else step.parent.parent / "exported" / step.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return save_checkpoint(model, tokenizer, summary, out.parent, out.name)
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cramming.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", type=Path, help="a run's checkpoints/step-<n> folder")
+    parser.add_argument("out", type=Path, nargs="?", help="the model folder to write (default <run>/exported/step-<n>)")
+    args = parser.parse_args(argv)
+    print(f"exported: {export_step(args.step, args.out)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
