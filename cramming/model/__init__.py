@@ -14,10 +14,15 @@ AUTO_MAP = {
     "AutoModelForMaskedLM": "modeling_crammed.CrammedForMaskedLM",
     "AutoModelForCausalLM": "modeling_crammed.CrammedForCausalLM",
     "AutoModelForSequenceClassification": "modeling_crammed.CrammedForSequenceClassification",
+    "AutoModelForTokenClassification": "heads.CrammedForTokenClassification",
+    "AutoModelForQuestionAnswering": "heads.CrammedForQuestionAnswering",
+    "AutoModelForMultipleChoice": "heads.CrammedForMultipleChoice",
 }
 CLASSES = {"CrammedConfig": ".configuration_crammed", "CrammedModel": ".modeling_crammed",
            "CrammedForMaskedLM": ".modeling_crammed", "CrammedForCausalLM": ".modeling_crammed",
-           "CrammedForSequenceClassification": ".modeling_crammed", "CrammedForReplacedTokenDetection": ".electra"}
+           "CrammedForSequenceClassification": ".modeling_crammed", "CrammedForReplacedTokenDetection": ".electra",
+           "CrammedForTokenClassification": ".heads", "CrammedForQuestionAnswering": ".heads",
+           "CrammedForMultipleChoice": ".heads"}
 
 
 def __getattr__(name: str):

@@ -2,7 +2,8 @@
 
 Read top to bottom: embeddings -> blocks -> final norm (CrammedModel), then the MLM head
 (CrammedForMaskedLM), the next-token head of causal models (CrammedForCausalLM, `objective: clm`, whose
-attention is causal), and the pooled classifier used by GLUE (CrammedForSequenceClassification).
+attention is causal), and the pooled classifier used by GLUE (CrammedForSequenceClassification). The token,
+question-answering and multiple-choice heads are in heads.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
@@ -312,6 +313,18 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
 
 
+def pooled_token(hidden, attention_mask, causal: bool):
+    """The one position a sequence-level head reads: the first ([CLS]) of a bidirectional model; of a causal model
+    the last real one (padding on the right), the only token that saw the whole sequence."""
+    if not causal:
+        return hidden[:, 0]
+    if attention_mask is None:
+        last = torch.full((hidden.shape[0],), hidden.shape[1] - 1, device=hidden.device)
+    else:
+        last = attention_mask.sum(1) - 1
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
 class CrammedForSequenceClassification(CrammedPreTrainedModel):
     """Encoder + pooler (dense + tanh) + classifier; one label means regression (STS-B). The pooled token is the
     first ([CLS]) for bidirectional models and the last real one for causal models, the only one that saw all."""
@@ -327,13 +340,7 @@ class CrammedForSequenceClassification(CrammedPreTrainedModel):
 
     def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused):
         hidden = self.encoder(input_ids, attention_mask).last_hidden_state
-        if self.config.causal:
-            last = (attention_mask.sum(1) - 1 if attention_mask is not None
-                    else torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1))
-            first = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        else:
-            first = hidden[:, 0]
-        pooled = torch.tanh(self.pooler(first))
+        pooled = torch.tanh(self.pooler(pooled_token(hidden, attention_mask, self.config.causal)))
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
