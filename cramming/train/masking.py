@@ -66,7 +66,7 @@ def whole_word_positions(input_ids, count: int, ctx: MaskContext, generator) -> 
     scores = torch.rand(batch, seq_len, generator=generator, device=input_ids.device)  # one per word slot
     special_word = torch.zeros_like(special).scatter_(1, word, special)  # a special token is a word of its own
     scores.masked_fill_(special_word, -1.0)  # ranked after every ordinary word
-    rank = torch.empty_like(word).scatter_(1, scores.argsort(1, descending=True), positions.clone())
+    rank = torch.empty_like(word).scatter_(1, scores.argsort(dim=1, descending=True, stable=True), positions.clone())
     key = rank.gather(1, word) * seq_len + offset
     return key.topk(count, dim=1, largest=False).indices
 
@@ -93,16 +93,17 @@ def span_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.
     device, longest = input_ids.device, ctx.span_max_length
     lengths = span_lengths((batch, count), ctx.span_p, longest, generator, device)
     starts = torch.randint(seq_len, (batch, count), generator=generator, device=device)
-    spare = torch.rand(batch, seq_len, generator=generator, device=device)
+    spare = torch.rand(batch, seq_len, generator=generator, device=device, dtype=torch.float64)  # exact keys
     covered = count * longest  # keys below this: inside a span, in span order
     key = spare + covered  # uncovered tokens after every span, in random order
     order = torch.arange(count, device=device) * longest
     for step in range(longest):  # at most max_length (10) vectorised scatters
         where = starts + step
         inside = (step < lengths) & (where < seq_len)
-        value = torch.where(inside, (order + step).float(), float(2 * covered))
+        value = torch.where(inside, (order + step).double(), float(2 * covered))
         key.scatter_reduce_(1, where.clamp(max=seq_len - 1), value, "amin")
-    key = key.masked_fill(torch.isin(input_ids, ctx.special_ids), float(4 * covered))
+    special = torch.isin(input_ids, ctx.special_ids)
+    key = torch.where(special, spare + 4 * covered, key)  # last, in random order (no ties: a GPU's topk)
     return key.topk(count, dim=1, largest=False).indices
 
 
