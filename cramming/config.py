@@ -150,6 +150,17 @@ class LAWAConfig:
 
 
 @dataclass
+class SpanConfig:
+    """train.masking=span (train/masking.py): SpanBERT's span lengths."""
+
+    p: float = 0.2  # span lengths are geometric: P(l) proportional to p (1 - p)^(l - 1), l = 1, 2, ...
+    max_length: int = 10  # the longest span (the distribution truncated there and renormalised: mean 3.8)
+
+    COMPONENT: ClassVar[tuple] = ("masking", "span")
+    RULES: ClassVar[dict] = {"p": "(0, 1]", "max_length": ">= 1"}
+
+
+@dataclass
 class TrainConfig:
     lr: float = 1e-3  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.98)  # Adam's (and Lion's) betas
@@ -166,6 +177,8 @@ class TrainConfig:
     max_steps: int | None = None  # null = the budget alone ends the run
     mask_prob: float = 0.25  # mlm: share of each sequence's tokens masked
     mask_token_share: float = 0.8  # of the masked positions: [MASK]; the rest split evenly random / unchanged
+    masking: str = "token"  # mlm, rtd: what is masked together: single tokens, whole words or SpanBERT's spans
+    span: SpanConfig = field(default_factory=SpanConfig)
     validation_sequences: int = 2048  # sequences of the validation loss
     validate_every_minutes: float | None = None  # also validate during the run (clock paused); null = start and end
     log_every: int = 1  # log a metrics line every this many steps
@@ -192,7 +205,8 @@ class TrainConfig:
         "wandb": ("off", "offline", "online"), "checkpoint_every_minutes": "> 0 or null", "keep_checkpoints": ">= 1",
     }
     REGISTRIES: ClassVar[dict] = {"schedule": "train.schedule:SCHEDULES", "nonfinite": "train.nonfinite:NONFINITE",
-                                  "averaging": "train.averaging:AVERAGING"}
+                                  "averaging": "train.averaging:AVERAGING",
+                                  "masking": "train.masking:MASKINGS"}
 
 
 @dataclass

@@ -186,7 +186,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
                             world=engine.world)
     setup_seconds = time.time() - setup_start
 
-    objective = build_objective(config.arch.objective, config.train, meta, runtime.device)
+    objective = build_objective(config.arch.objective, config.train, meta, runtime.device, tokenizer)
     measure = functools.partial(validation_metrics, engine.unwrap(model), objective, folder, meta, config.train,
                                 microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
     eval_start = time.time()

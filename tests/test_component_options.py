@@ -66,7 +66,7 @@ def test_a_sections_rules_count_only_when_its_component_is_chosen(chosen, other,
 HAND_KEPT = ["arch.ffn", "arch.activation", "arch.norm", "arch.init", "arch.linear", "arch.layout",
              "arch.attention.pattern", "arch.objective", "data.source", "arch.position", "train.schedule",
              "train.optim.name", "train.nonfinite", "train.averaging", "impl.attention", "impl.rotary", "impl.loss",
-             "impl.distributed", "arch.parametrization"]
+             "impl.distributed", "arch.parametrization", "train.masking"]
 
 
 def test_the_walk_finds_every_option_naming_a_registry():

@@ -5,10 +5,12 @@ and the post-processor adds [CLS] a [SEP] (b [SEP]) exactly as packing and GLUE 
 Causal checkpoints carry a copy made for generation (`for_generation`).
 """
 
+import json
 import re
 from collections.abc import Iterable
 from tempfile import TemporaryDirectory
 
+import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -128,3 +130,37 @@ def for_generation(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFas
     )
     backend.decoder = _spaced_decoder(backend.decoder)
     return tok
+
+
+def _space_marker(pre_tokenizer) -> str | None:
+    """The character a pre-tokenizer puts at the start of a word: byte-level's "Ġ" (the space byte), Metaspace's
+    replacement ("▁"), looked for through Sequence pre-tokenizers; None when it marks no word start."""
+    if not pre_tokenizer:
+        return None
+    if pre_tokenizer["type"] == "Sequence":
+        return next(filter(None, map(_space_marker, pre_tokenizer["pretokenizers"])), None)
+    if pre_tokenizer["type"] == "ByteLevel":
+        return "\u0120"
+    if pre_tokenizer["type"] == "Metaspace":
+        return pre_tokenizer.get("replacement") or pre_tokenizer.get("str_rep")
+    return None
+
+
+def word_starts(tokenizer, size: int) -> torch.Tensor:
+    """starts_word[id] for every id below `size`: whether the token begins a word (train.masking=whole-word).
+    WordPiece-style models mark the continuation ("##"), byte-level BPE and Metaspace (unigram) the word start
+    ("Ġ", "▁"); special tokens are words of their own, ids the tokenizer lacks count as starts."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    prefix = spec["model"].get("continuing_subword_prefix")
+    marker = None if prefix else _space_marker(spec.get("pre_tokenizer"))
+    if not prefix and not marker:
+        raise UserError(f"train.masking='whole-word' is invalid: the tokenizer ({spec['model']['type']} model, "
+                        "pre-tokenizer " + str((spec.get("pre_tokenizer") or {}).get("type")) + ") marks no word "
+                        "boundaries (no continuation prefix like '##', no word-start marker like 'Ġ' or '▁'); "
+                        "use train.masking=token or span")
+    table = torch.ones(size, dtype=torch.bool)
+    for token, index in tokenizer.get_vocab().items():
+        if index < size:
+            table[index] = not token.startswith(prefix) if prefix else token.startswith(marker)
+    table[[i for i in tokenizer.all_special_ids if i < size]] = True
+    return table

@@ -2,9 +2,109 @@
 
 A fixed count keeps every tensor shape static (the sparse prediction head sees exactly
 batch * count rows each step), which is what lets torch.compile and CUDA graphs specialise once.
+Which positions make up the count is `train.masking` (MASKINGS): single tokens, whole words, or SpanBERT's spans.
 """
 
+import math
+from dataclasses import dataclass
+
 import torch
+
+from ..model.registry import Registry, invalid
+
+MASKINGS = Registry("masking")
+
+
+@dataclass
+class MaskContext:
+    """What a masking mode may read besides the ids: the special ids, the tokenizer's word-start table
+    (bool per vocabulary id, whole-word) and SpanBERT's span parameters."""
+
+    special_ids: torch.Tensor
+    starts_word: torch.Tensor | None = None
+    span_p: float = 0.2
+    span_max_length: int = 10
+
+
+def masks_nothing(config) -> str | None:
+    """Whole words and spans need an objective that masks."""
+    if config.arch.objective == "clm":
+        return invalid("train.masking", config.train.masking, "arch.objective=clm masks nothing; leave "
+                       "train.masking=token (or choose arch.objective=mlm or rtd)")
+    return None
+
+
+@MASKINGS.register("token")
+def token_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
+    """Cramming's: `count` positions uniformly at random, special tokens last."""
+    scores = torch.rand(input_ids.shape, generator=generator, device=input_ids.device)
+    scores = scores.masked_fill(torch.isin(input_ids, ctx.special_ids), -1.0)
+    return scores.topk(count, dim=1).indices
+
+
+def word_ids(input_ids, ctx: MaskContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word index of each token, whether it is special). A token starts a word when the tokenizer says so, when
+    it is special, when it follows a special token (a document's first word after [SEP], which byte-level BPE
+    writes without its space marker) and at position 0 (a chunk may start inside a word)."""
+    special = torch.isin(input_ids, ctx.special_ids)
+    starts = ctx.starts_word[input_ids] | special
+    starts[:, 1:] |= special[:, :-1]
+    starts[:, 0] = True
+    return starts.long().cumsum(1) - 1, special
+
+
+@MASKINGS.register("whole-word", problem=masks_nothing)
+def whole_word_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
+    """Words in random order, all of each word's pieces, until `count` tokens: every masked word is whole except
+    the last one taken in a row, of which only its first pieces are masked when it does not fit. Vectorised:
+    each token's key is (its word's rank, its offset in the word) and the `count` smallest keys are taken."""
+    batch, seq_len = input_ids.shape
+    word, special = word_ids(input_ids, ctx)
+    positions = torch.arange(seq_len, device=input_ids.device).expand(batch, seq_len)
+    first = torch.zeros_like(word).scatter_reduce_(1, word, positions, "amin", include_self=False)
+    offset = positions - first.gather(1, word)
+    scores = torch.rand(batch, seq_len, generator=generator, device=input_ids.device)  # one per word slot
+    special_word = torch.zeros_like(special).scatter_(1, word, special)  # a special token is a word of its own
+    scores.masked_fill_(special_word, -1.0)  # ranked after every ordinary word
+    rank = torch.empty_like(word).scatter_(1, scores.argsort(dim=1, descending=True, stable=True), positions.clone())
+    key = rank.gather(1, word) * seq_len + offset
+    return key.topk(count, dim=1, largest=False).indices
+
+
+def span_lengths(shape, p: float, max_length: int, generator, device) -> torch.Tensor:
+    """SpanBERT's span lengths: geometric on 1, 2, ... with P(l) = p (1 - p)^(l - 1), truncated at max_length
+    (renormalised: mean 3.8 for p = 0.2, max 10), drawn by inverting the truncated CDF."""
+    uniform = torch.rand(shape, generator=generator, device=device)
+    if p >= 1:
+        return torch.ones(shape, dtype=torch.long, device=device)
+    q = 1 - p
+    tail = uniform * (1 - q ** max_length)  # CDF(l) = 1 - q^l, so l = ceil(log(1 - u (1 - q^max)) / log q)
+    lengths = torch.ceil(torch.log1p(-tail) / math.log(q)).long()
+    return lengths.clamp_(1, max_length)
+
+
+@MASKINGS.register("span", problem=masks_nothing)
+def span_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
+    """SpanBERT's: `count` spans per row (never fewer than needed) with geometric lengths and uniform starts,
+    taken in order until `count` tokens are masked; a token covered twice counts once, the last span taken is
+    cut where the count is reached, special tokens inside a span are skipped, and should the spans cover fewer
+    than `count` ordinary tokens, random single tokens make up the rest."""
+    batch, seq_len = input_ids.shape
+    device, longest = input_ids.device, ctx.span_max_length
+    lengths = span_lengths((batch, count), ctx.span_p, longest, generator, device)
+    starts = torch.randint(seq_len, (batch, count), generator=generator, device=device)
+    spare = torch.rand(batch, seq_len, generator=generator, device=device, dtype=torch.float64)  # exact keys
+    covered = count * longest  # keys below this: inside a span, in span order
+    key = spare + covered  # uncovered tokens after every span, in random order
+    order = torch.arange(count, device=device) * longest
+    for step in range(longest):  # at most max_length (10) vectorised scatters
+        where = starts + step
+        inside = (step < lengths) & (where < seq_len)
+        value = torch.where(inside, (order + step).double(), float(2 * covered))
+        key.scatter_reduce_(1, where.clamp(max=seq_len - 1), value, "amin")
+    special = torch.isin(input_ids, ctx.special_ids)
+    key = torch.where(special, spare + 4 * covered, key)  # last, in random order (no ties: a GPU's topk)
+    return key.topk(count, dim=1, largest=False).indices
 
 
 def mask_tokens(
@@ -15,16 +115,17 @@ def mask_tokens(
     special_ids: torch.Tensor,
     mask_token_share: float = 0.8,
     generator: torch.Generator | None = None,
+    masking: str = "token",
+    context: MaskContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (inputs, labels): `round(mask_prob * seq_len)` positions per row get labels; of those,
-    `mask_token_share` become [MASK], the rest split evenly into a random token and the unchanged token.
+    """Return (inputs, labels): `round(mask_prob * seq_len)` positions per row get labels, chosen by `masking`;
+    of those, `mask_token_share` become [MASK], the rest split evenly into a random token and the unchanged token.
     Special tokens ([CLS], [SEP], [PAD]) are never chosen while enough ordinary tokens remain."""
     batch, seq_len = input_ids.shape
     count = max(1, round(mask_prob * seq_len))
     device = input_ids.device
-    scores = torch.rand(batch, seq_len, generator=generator, device=device)
-    scores = scores.masked_fill(torch.isin(input_ids, special_ids), -1.0)
-    positions = scores.topk(count, dim=1).indices
+    context = context if context is not None else MaskContext(special_ids)
+    positions = MASKINGS.get_or_explain(masking)(input_ids, count, context, generator)
 
     labels = torch.full_like(input_ids, -100)
     labels.scatter_(1, positions, input_ids.gather(1, positions))

@@ -8,10 +8,11 @@ from typing import Protocol
 
 import torch
 
+from ..data.tokenizer import word_starts
 from ..model.electra import CrammedForReplacedTokenDetection
 from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
 from ..model.registry import Registry, invalid
-from .masking import mask_tokens
+from .masking import MaskContext, mask_tokens
 
 OBJECTIVES = Registry("objective")
 
@@ -36,12 +37,14 @@ class MaskedLM:
     mask_id: int
     vocab_size: int
     special: torch.Tensor
+    masking: str = "token"  # train.masking
+    context: MaskContext | None = None  # what the masking reads besides the ids (word starts, span parameters)
     head = CrammedForMaskedLM  # the pretraining model (a class attribute, not a field)
     scores_masked_only = True  # the sparse head (arch.sparse_prediction) decodes only the masked positions
 
     def batch(self, ids: torch.Tensor, generator) -> dict:
         inputs, labels = mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
-                                     self.mask_token_share, generator)
+                                     self.mask_token_share, generator, self.masking, self.context)
         return {"input_ids": inputs, "labels": labels}
 
     @staticmethod
@@ -62,6 +65,8 @@ class CausalLM:
     mask_id: int = 0
     vocab_size: int = 0
     special: torch.Tensor | None = None
+    masking: str = "token"
+    context: MaskContext | None = None
     head = CrammedForCausalLM
     scores_masked_only = False
 
@@ -105,7 +110,17 @@ class ReplacedTokenDetection(MaskedLM):
         return None
 
 
-def build_objective(name: str, cfg_train, meta: dict, device):
+def build_objective(name: str, cfg_train, meta: dict, device, tokenizer=None):
+    """The objective `name` masking as cfg_train says; train.masking=whole-word reads the word starts from
+    `tokenizer` (the data folder's)."""
     special = torch.tensor(list(meta["special_ids"].values()), device=device)
+    context = MaskContext(special, span_p=cfg_train.span.p, span_max_length=cfg_train.span.max_length)
+    if cfg_train.masking == "whole-word" and name != "clm":
+        if tokenizer is None:
+            raise ValueError("train.masking=whole-word needs the tokenizer to find word starts")
+        size = max(meta["vocab_size"], len(tokenizer))
+        context.starts_word = word_starts(tokenizer, size).to(device)
     return OBJECTIVES.get_or_explain(name)(cfg_train.mask_prob, cfg_train.mask_token_share,
-                                           meta["special_ids"]["mask"], meta["vocab_size"], special)
+                                           meta["special_ids"]["mask"], meta["vocab_size"], special,
+                                           cfg_train.masking, context)
+
