@@ -5,11 +5,19 @@ import json
 
 import pytest
 from conftest import one_line_error, run_pretrain
-from test_trainer import Recorder, run, sanity_data  # noqa: F401  (sanity_data is a fixture)
+from test_trainer import Recorder, run
 
-from cramming.config import TrainConfig
+from cramming.config import DataConfig, TrainConfig
+from cramming.data.prepare import prepare_data
 from cramming.train.trainer import Budget
 from cramming.train.validation import PeriodicValidation, target_summary
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """test_trainer's tiny sanity corpus."""
+    return prepare_data(DataConfig(source="sanity", vocab_size=256, seq_length=32, max_chars=200_000,
+                                   validation_fraction=0.05, cache_dir=str(tmp_path_factory.mktemp("cache"))))
 
 
 class Clocks(Recorder):
@@ -35,8 +43,8 @@ def race(data, losses, target, max_steps=10):
     return result, records, validation, recorder
 
 
-def test_the_first_validation_at_or_below_the_target_ends_the_run(sanity_data):
-    result, records, validation, recorder = race(sanity_data, [3.0, 2.5, 2.0, 1.5, 1.0], target=2.0)
+def test_the_first_validation_at_or_below_the_target_ends_the_run(data):
+    result, records, validation, recorder = race(data, [3.0, 2.5, 2.0, 1.5, 1.0], target=2.0)
     events = [r for r in records if r.get("event") == "validation"]
     assert [e["val_loss"] for e in events] == [3.0, 2.5, 2.0]  # validated at steps 2, 3, 4; 2.0 <= 2.0 ends it
     assert result["steps"] == 4 and events[-1]["step"] == 4
@@ -46,11 +54,11 @@ def test_the_first_validation_at_or_below_the_target_ends_the_run(sanity_data):
     assert summary["seconds_to_target"] == pytest.approx(events[-1]["elapsed_s"], abs=1e-6)
 
 
-def test_out_of_reach_or_off_the_run_goes_on_to_its_end(sanity_data):
-    result, records, validation, _ = race(sanity_data, [3.0] * 10, target=2.0, max_steps=4)
+def test_out_of_reach_or_off_the_run_goes_on_to_its_end(data):
+    result, _, validation, _ = race(data, [3.0] * 10, target=2.0, max_steps=4)
     assert result["steps"] == 4  # train.max_steps ends it, as without a target
     assert target_summary(validation) == {"target_loss": 2.0, "reached_target": False, "seconds_to_target": None}
-    result, _, validation, _ = race(sanity_data, [1.0] * 10, target=None, max_steps=4)
+    result, _, validation, _ = race(data, [1.0] * 10, target=None, max_steps=4)
     assert result["steps"] == 4 and validation.reached_at is None
     assert target_summary(None) == {"target_loss": None, "reached_target": False, "seconds_to_target": None}
 
