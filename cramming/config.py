@@ -181,6 +181,7 @@ class TrainConfig:
     span: SpanConfig = field(default_factory=SpanConfig)
     validation_sequences: int = 2048  # sequences of the validation loss
     validate_every_minutes: float | None = None  # also validate during the run (clock paused); null = start and end
+    target_loss: float | None = None  # end the run at the first periodic validation loss <= this; null = off
     log_every: int = 1  # log a metrics line every this many steps
     tensorboard: bool = False  # also write the scalars to <run>/tensorboard (the tensorboard extra)
     wandb: str = "off"  # W&B: off, offline (<run>/wandb, no network) or online; wandb extra
@@ -202,6 +203,7 @@ class TrainConfig:
         "lr": "> 0", "betas": "each [0, 1)", "grad_clip": "> 0 or null", "batch_size": "> 0", "batch_ramp": "[0, 1)",
         "max_steps": "> 0 or null", "mask_prob": "(0, 1)", "mask_token_share": "[0, 1]",
         "validation_sequences": "> 0", "validate_every_minutes": "> 0 or null", "log_every": "> 0",
+        "target_loss": "> 0 or null",
         "wandb": ("off", "offline", "online"), "checkpoint_every_minutes": "> 0 or null", "keep_checkpoints": ">= 1",
     }
     REGISTRIES: ClassVar[dict] = {"schedule": "train.schedule:SCHEDULES", "nonfinite": "train.nonfinite:NONFINITE",
@@ -329,6 +331,9 @@ def across_sections(c: PretrainConfig):
             yield invalid(f"train.{key}", getattr(t, key), f"needs the {extra} package: pip install 'cramming[{extra}]'")
     if t.wandb != "off" and not t.wandb_project:
         yield invalid("train.wandb_project", t.wandb_project, "must not be empty")
+    if t.target_loss is not None and not t.validate_every_minutes:
+        yield invalid("train.target_loss", t.target_loss, "is checked at the periodic validations: also set "
+                      "train.validate_every_minutes (e.g. train.validate_every_minutes=1)")
     if t.seq_schedule:
         yield seq_schedule_problem(c)
     yield microbatch_problem(c)

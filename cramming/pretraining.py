@@ -29,7 +29,7 @@ from .train.averaging import average_final, build_averaging
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
-from .train.validation import PeriodicValidation, validation_metrics
+from .train.validation import PeriodicValidation, target_summary, validation_metrics
 from .train.flops import forward_flops_per_token
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
@@ -203,11 +203,13 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
                   masks=PositionalMasks(config.seed, runtime.device), batches=batches, checkpointer=checkpointer,
                   log=log)
     energy = EnergyMeter.for_device(runtime.device, engine.local_rank)
-    validation = PeriodicValidation(every, measure) if every else None
+    validation = PeriodicValidation(every, measure, config.train.target_loss) if every else None
     trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
                       microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
                       autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])
     result, final, validating = fit(trainer, state, measure, log, validation)
+    if trainer.ended:
+        say(f"target reached: {trainer.ended}", flush=True)
     say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
         f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
     rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
@@ -217,6 +219,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     summary = summarize(config, runtime, engine, parameters, flops, result, final, state.untrained, seconds,
                         resumed_from, folder, meta)
     summary.update(energy.summary(engine, runtime.device, result["tokens"]))
+    summary.update(target_summary(validation))
     summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
     save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
     return summary

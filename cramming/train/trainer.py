@@ -7,7 +7,8 @@ starts when the loop starts (data and model are ready) and continues from the sa
 Between steps the loop may checkpoint (every train.checkpoint_every_minutes, and when a stop signal arrived) and
 calls its hooks (hooks.py: the energy meter, weight averaging, a validation every train.validate_every_minutes
 with the clock paused). Before each optimizer step it checks the loss and gradient norm: a non-finite value gets
-the action the train.nonfinite policy returns (nonfinite.py), which the trainer carries out.
+the action the train.nonfinite policy returns (nonfinite.py), which the trainer carries out. A hook may end the
+run early and cleanly (trainer.end: the periodic validation reaching train.target_loss).
 """
 
 import contextlib
@@ -103,6 +104,12 @@ class Trainer:
         self.stages = stage_factors(self.cfg.seq_schedule, self.seq_length)
         self.nonfinite = NONFINITE.get_or_explain(self.cfg.nonfinite)
         self.start = 0.0  # perf_counter() at budget second 0; moved on by pauses (the clock stops)
+        self.ended = None  # why a hook ended the run before its budget (train.target_loss), or None
+
+    def end(self, why: str) -> None:
+        """A hook's clean early end (the target loss reached): the loop stops before its next step. Every rank
+        must call it at the same step (decide from agreed values)."""
+        self.ended = why
 
     def clock(self) -> float:
         return time.perf_counter() - self.start
@@ -137,7 +144,7 @@ class Trainer:
         step_loss = None
         with StopFlag() as stop, bar:  # the bar closes on every path, an exception's too
             # state.elapsed is the clock as all ranks agreed on it at the end of the previous step
-            while (fraction := self.budget.fraction(state.elapsed, state.step)) < 1.0:
+            while self.ended is None and (fraction := self.budget.fraction(state.elapsed, state.step)) < 1.0:
                 step_start = time.perf_counter()
                 plan = self.plan(state, fraction)
                 step_loss, step_tokens, batch_size = self.accumulate(state, plan)

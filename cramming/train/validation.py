@@ -35,11 +35,16 @@ def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: in
 class PeriodicValidation(Hook):
     """train.validate_every_minutes: the validation loss during the run, for loss-by-time curves and time-to-loss.
     It is due each time the budget clock passes another multiple of the interval; the clock pauses while it
-    runs, so validating costs wall time but no training. `measure` returns validation_metrics' dict."""
+    runs, so validating costs wall time but no training. `measure` returns validation_metrics' dict.
 
-    def __init__(self, every_minutes: float, measure):
+    With a `target` (train.target_loss) the first validation at or below it ends the loop (trainer.end), agreed by
+    all ranks; `reached_at` is the budget clock of that validation, the race's time to target."""
+
+    def __init__(self, every_minutes: float, measure, target: float | None = None):
         self.every = every_minutes * 60
         self.measure = measure
+        self.target = target
+        self.reached_at = None  # budget seconds at the validation that reached the target
         self.passed = None  # intervals the clock had passed at the last check
         self.seconds = 0.0  # wall time spent validating (the summary's wall_seconds.eval)
 
@@ -59,3 +64,18 @@ class PeriodicValidation(Hook):
         self.seconds += pause.seconds
         trainer.parts.log.log({"step": state.step, "event": "validation", "tokens": state.tokens,
                                "elapsed_s": round(state.elapsed, 6), **record})
+        if self.target is None:
+            return
+        reached = record["val_loss"] <= self.target
+        if trainer.parts.engine.agree(float(reached), device=trainer.device)[0]:  # any rank's reaching stops all
+            self.reached_at = state.elapsed
+            trainer.end(f"validation loss {record['val_loss']:.4f} <= train.target_loss={self.target:g} at "
+                        f"{state.elapsed:.1f} budget seconds, step {state.step}")
+
+
+def target_summary(validation: PeriodicValidation | None) -> dict:
+    """train_summary.json's race keys (train.target_loss). seconds_to_target is on the budget clock: training
+    seconds, the first step's compile and checkpoint writes included, validations excluded; null if not reached."""
+    target = validation.target if validation else None
+    reached_at = validation.reached_at if validation else None
+    return {"target_loss": target, "reached_target": reached_at is not None, "seconds_to_target": reached_at}
