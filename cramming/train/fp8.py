@@ -6,9 +6,13 @@ parameter, so the state dict, checkpoints and the optimizer see ordinary tensors
 What converts (`converts`, a pure function of the name and shape): a dense projection inside an encoder block
 (`...layers.<i>.`: attention qkv/out, FFN up/down; the ELECTRA generator's blocks too) whose in and out features
 are multiples of 16 (float8 matmul's requirement) and whose weight has at least impl.fp8.min_elements entries
-(below that the casts cost more than the float8 matmul saves). The output head (`decoder`, tied to the
-embeddings), the head transform, the embedding projection, ELECTRA's detector, the pooler and classifier stay bf16:
-they are a small share of the FLOPs and their outputs feed the loss directly. Embeddings are no Linear at all.
+(small matmuls lose more to the scaling casts than float8 saves; torchao's H100 tables put the break-even above
+768 x 768, so the default converts crammed BERT's projections for the measurement to decide, docs/kernels.md).
+The output head (`decoder`, tied to the embeddings), the head transform, the embedding projection, ELECTRA's
+detector, the pooler and classifier stay bf16: their outputs feed the loss directly. Embeddings are no Linear.
+The swapped layers lose the project's LinearMethods (flops_per_token, reset_parameters_): the run counts FLOPs and
+initialises before place() converts, averaging rebuilds unconverted models from the state dict, and the final
+checkpoint saves the converted model's plain weights.
 """
 
 import re
