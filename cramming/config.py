@@ -220,9 +220,20 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class Fp8Config:
+    """Read under impl.precision=fp8 (cramming/train/fp8.py)."""
+    recipe: str = "tensorwise"  # torchao's float8 scales: one per tensor, or per row (rowwise: finer, slower)
+    min_elements: int = 589824  # block projections with fewer weights (in x out; 768x768 here) stay bf16
+    emulate: bool = False  # float8 casts, high-precision matmuls: any device (CPU too), slow; to test numerics
+
+    COMPONENT: ClassVar[tuple] = ("precision", "fp8")
+    RULES: ClassVar[dict] = {"recipe": ("tensorwise", "rowwise"), "min_elements": ">= 0"}
+
+
+@dataclass
 class ImplConfig:
     device: str = "auto"  # where to run; auto = cuda if present
-    precision: str = "auto"  # auto = bf16 autocast on GPUs from compute capability 8.0, fp16 before, fp32 on cpu
+    precision: str = "auto"  # auto = bf16 on GPUs from compute capability 8.0, fp16 before, fp32 on cpu; fp8 (fp8.py)
     compile: bool | None = None  # null = on for cuda, off for cpu
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
     attention: str = "auto"  # the attention kernel; auto = triton on CUDA, sdpa elsewhere
@@ -234,8 +245,9 @@ class ImplConfig:
     compile_mode: str = "default"  # torch.compile's mode (impl.py)
     peak_tflops: float | None = None  # the GPU's dense 16-bit peak for MFU; null = impl.py's table, by device name
     activation_checkpointing: bool = False  # recompute each block in the backward pass: less memory, more compute
+    fp8: Fp8Config = field(default_factory=Fp8Config)
 
-    RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16"),
+    RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16", "fp8"),
                              "num_workers": ">= 0", "peak_tflops": "> 0 or null"}
     # The kernels eval.py reads too; engines are asked once the world is known (Engine.problem).
     REGISTRIES: ClassVar[dict] = {
@@ -316,6 +328,7 @@ def across_sections(c: PretrainConfig):
     from .impl import compile_problem
     from .model.speedrun import problem as speedrun_problem
     from .model.token_dropping import problem as token_dropping_problem
+    from .train.fp8 import fp8_problem
     from .train.objectives import OBJECTIVES
     from .train.schedule import window_schedule_problem
 
@@ -339,6 +352,7 @@ def across_sections(c: PretrainConfig):
     yield microbatch_problem(c)
     yield settings_problem(c)
     yield compile_problem(c)
+    yield fp8_problem(c)
     yield speedrun_problem(c)  # the speedrun's blocks (model/speedrun.py)
     yield token_dropping_problem(c, getattr(OBJECTIVES.get(a.objective), "head", None))
     if t.window_schedule:

@@ -34,15 +34,16 @@ class Runtime:
     peak_tflops: float | None = None  # impl.peak_tflops: the user's figure for MFU instead of the table's
 
     def autocast(self):
-        """A context factory: autocast for bf16/fp16, nothing for fp32."""
+        """A context factory: autocast for bf16/fp16, nothing for fp32; fp8 runs what is not float8 in bf16."""
         if self.precision == "fp32":
             return contextlib.nullcontext
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16
         return functools.partial(torch.autocast, self.device.type, dtype=dtype)
 
     def peak_flops(self) -> float | None:
         """The device's datasheet dense bf16/fp16 tensor-core peak, for MFU; None where unknown (CPUs, fp32).
-        impl.peak_tflops, where given, is the peak whatever the device."""
+        impl.peak_tflops, where given, is the peak whatever the device. An fp8 run is measured against the bf16
+        peak too (not the float8 one, twice that on Hopper): only some of its matmuls run in float8."""
         if self.peak_tflops is not None:
             return self.peak_tflops * 1e12
         if self.device.type != "cuda" or self.precision == "fp32":
@@ -119,13 +120,23 @@ def resolve(impl, arch=None) -> Runtime:
         raise UserError("impl.device=cuda but no CUDA device is visible; use impl=cpu or impl=auto")
     device = torch.device(device_name)
     precision = auto_precision(device) if impl.precision == "auto" else impl.precision
+    if precision == "fp8" and (problem := fp8_device_problem(impl.fp8, device)):
+        raise UserError(problem)
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(precision, torch.float32)
     attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device, dtype)
     loss = impl.loss if impl.loss != "auto" else auto_loss(device)
     if problem := compile_mode_problem(impl.compile_mode, compile_, impl.compile, device.type):
         raise UserError(problem)
     return Runtime(device, precision, compile_, attention, rotary, loss, impl.compile_mode, impl.peak_tflops)
+
+
+def fp8_device_problem(fp8, device: torch.device) -> str | None:
+    """impl.precision=fp8 against this device: float8 tensor cores from compute capability 8.9 (train/fp8.py)."""
+    from .train.fp8 import device_problem
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return device_problem(fp8, device.type, capability)
 
 
 def auto_precision(device: torch.device) -> str:

@@ -31,6 +31,7 @@ from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
 from .train.validation import PeriodicValidation, target_summary, validation_metrics
 from .train.flops import forward_flops_per_token
+from .train.fp8 import convert_to_fp8
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch
@@ -114,11 +115,26 @@ def prepare(config: PretrainConfig, engine) -> tuple[Path, dict]:
 def place(config: PretrainConfig, model, runtime, engine):
     """The model on its device under the engine, with its optimizer and grad scaler."""
     model.to(runtime.device)
+    if runtime.precision == "fp8":  # before the engine, the compiler and the optimizer see the layers
+        say_fp8(convert_to_fp8(model, config.impl.fp8), model, config.impl.fp8, engine)
     if config.impl.activation_checkpointing:  # before the engine and the microbatch probe see it
         recompute_blocks(model)
     model = engine.wrap(model, runtime.device)  # before the optimizer: FSDP2 swaps the parameters
     optimizer = build_optimizer(model, config.train, runtime.device)
     return engine.prepare(model, optimizer, config, runtime, microbatch_size(config))
+
+
+def say_fp8(converted: list[str], model, fp8, engine) -> None:
+    """One line: how many of the model's linear layers train in float8 (none: the run is bf16 throughout)."""
+    if not engine.main:
+        return
+    total = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    if converted:
+        print(f"fp8: {len(converted)} of {total} linear layers in float8 ({fp8.recipe} scaling), the rest in bf16",
+              flush=True)
+    else:
+        print(f"note: impl.precision=fp8 but no layer has impl.fp8.min_elements={fp8.min_elements} weights with "
+              "dims divisible by 16: the run is bf16 throughout", flush=True)
 
 
 def choose_microbatch(config: PretrainConfig, model, meta: dict, runtime, engine, say) -> int:

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 LIMIT_MIB = 64  # the device tool's limit on the tree and the carried paths together
 BINARY = ["hydra-core", "omegaconf", "datasets", "dill", "multiprocess", "hjson", "pydantic", "pydantic-core",
-          "annotated-types", "typing-inspection", "typing-extensions"]  # pydantic needs typing-extensions>=4.16
+          "annotated-types", "typing-inspection", "typing-extensions",  # pydantic needs typing-extensions>=4.16
+          "torchao"]  # impl.precision=fp8's float8 training (the fp8 extra): an abi3 wheel that requires no torch
 SDIST = ["antlr4-python3-runtime", "deepspeed"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]

@@ -116,7 +116,7 @@ def test_crammed_bert_is_the_cramming_recipe():
         ("train.mask_prob=0", "train.mask_prob"),
         ("train.max_steps=0", "train.max_steps"),
         ("impl.device=tpu", "impl.device"),
-        ("impl.precision=fp8", "impl.precision"),
+        ("impl.precision=fp4", "impl.precision='fp4'"),
         ("impl.attention=magic", "impl.attention"),
         ("impl.rotary=magic", "impl.rotary='magic'"),
         ("impl.microbatch_size=0", "impl.microbatch_size"),

@@ -34,9 +34,12 @@ def eval_config(*overrides):
 # ---------------------------------------------------------------- impl keys
 
 
-def test_bad_precision_is_one_line_error_before_any_work(smoke_checkpoint, tmp_path):
-    result = run_eval(f"checkpoint={smoke_checkpoint}", *FAST, "impl.precision=fp8", tmp_path=tmp_path)
-    one_line_error(result, "impl.precision='fp8'", "auto, bf16, fp16, fp32")
+@pytest.mark.parametrize("precision,fragment", [("fp4", "auto, bf16, fp16, fp32, fp8"),
+                                                 ("fp8", "float8 is for pretraining")])
+def test_bad_precision_is_one_line_error_before_any_work(precision, fragment, smoke_checkpoint, tmp_path):
+    """fp8 is a pretraining precision (cramming/train/fp8.py): fine-tuning refuses it rather than run bf16 quietly."""
+    result = run_eval(f"checkpoint={smoke_checkpoint}", *FAST, f"impl.precision={precision}", tmp_path=tmp_path)
+    one_line_error(result, f"impl.precision='{precision}'", fragment)
     assert not (tmp_path / "eval" / "results.json").exists()
 
 

@@ -103,6 +103,8 @@ def validate_eval(c: EvalRunConfig) -> None:
           "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
     for problem in schema_problems(c):
         refuse(problem)
+    check(c.impl.precision != "fp8", "impl.precision", "fp8", "float8 is for pretraining (cramming/train/fp8.py); "
+          "fine-tuning runs in bf16: use impl.precision=bf16 or auto")
     benchmark = BENCHMARKS[e.kind]
     benchmark.validate(e)
     for task in e.per_task:

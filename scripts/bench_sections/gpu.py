@@ -7,8 +7,10 @@ tokens; after warm-up steps (compilation), the median step. MFU = 3 x forward FL
 (cramming.pretraining.flops_per_token) x tokens/s / bf16 peak, against the datasheet peak (cramming.impl
 PEAK_TFLOPS) and, beside it, a bf16 matmul measured here. The same steps again with the other training loss
 (impl.loss=fused against the plain one that impl.loss=auto picks on CUDA) give the ratio that decides that
-default. Without a GPU the section is skipped; --smoke runs the same
-end-to-end code on CPU with a tiny model (fp32, eager) so the path is exercised.
+default, and again with impl.precision=fp8 (cramming/train/fp8.py: the blocks' projections in float8) the
+fp8 / bf16 throughput ratio, on GPUs of compute capability 8.9 and later (its MFU is against the bf16 peak, as
+a run's is). Without a GPU the section is skipped; --smoke runs the same end-to-end code on CPU with a tiny model
+(fp32, eager; the fp8 run emulated, every projection converted) so the path is exercised.
 """
 
 import json
@@ -39,19 +41,26 @@ def kernels(out: Path, max_seconds: float) -> tuple[list[dict], str]:
     return rows, str(out / "kernels.md")
 
 
-def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: str = "auto") -> dict:
+FP8_SMOKE = ["impl.precision=fp8", "impl.fp8.emulate=true", "impl.fp8.min_elements=0"]  # CPU: emulated, all
+
+
+def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: str = "auto", fp8=False) -> dict:
     from cramming.data.tokenizer import SPECIAL_IDS
     from cramming.impl import resolve
     from cramming.pretraining import build_model, flops_per_token
+    from cramming.train.fp8 import convert_to_fp8
     from cramming.train.objectives import build_objective
     from cramming.train.optim import build_optimizer
 
     seq, vocab = (32, 512) if smoke else (128, 32768)
     overrides = ["arch=crammed-bert", f"data.seq_length={seq}", f"data.vocab_size={vocab}",
                  f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", f"impl.loss={loss}", *(SMOKE_ARCH if smoke else [])]
+    overrides += (FP8_SMOKE if smoke else ["impl.precision=fp8"]) if fp8 else []
     config = compose_config(overrides)
     runtime = resolve(config.impl, config.arch)
     model = build_model(config.arch, vocab, SPECIAL_IDS, runtime).to(device)
+    flops = flops_per_token(model, config)  # counted on the dense layers, before any float8 swap
+    converted = convert_to_fp8(model, config.impl.fp8) if fp8 else []
     step_model = torch.compile(model) if runtime.compile else model
     optimizer = build_optimizer(model, config.train, device)
     objective = build_objective("mlm", config.train, {"special_ids": SPECIAL_IDS, "vocab_size": vocab}, device)
@@ -71,15 +80,14 @@ def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: s
         timed(step, device)
     times = [timed(step, device) for _ in range(steps)]
     median = statistics.median(times)
-    dtype = torch.bfloat16 if runtime.precision == "bf16" else torch.float32
+    dtype = torch.bfloat16 if runtime.precision in ("bf16", "fp8") else torch.float32
     peak = MatmulPeak(device, dtype, 256 if smoke else 8192)
     peak.sample(5)
     tokens_per_s = batch * seq / median
-    flops = flops_per_token(model, config)
     datasheet = runtime.peak_flops()
     return {"arch": "crammed-bert" + (" (smoke: tiny, CPU)" if smoke else ""), "batch": batch, "seq": seq,
             "precision": runtime.precision, "compile": runtime.compile, "attention": runtime.attention,
-            "loss": runtime.loss,
+            "loss": runtime.loss, "float8_layers": len(converted),
             "step_s": median, "step_times": times, "tokens_per_s": tokens_per_s, "fwd_flops_per_token": flops,
             "datasheet_peak": datasheet, "measured_peak": peak.flops(),
             "mfu_datasheet": 3 * flops * tokens_per_s / datasheet if datasheet else None,
@@ -102,6 +110,9 @@ def run(args, out: Path) -> dict:
     fused, plain = (other, e2e) if other["loss"] == "fused" else (e2e, other)
     rows.append(target("gpu", "crammed-bert training tokens/s, impl.loss=fused / plain", fused["tokens_per_s"] /
                        plain["tokens_per_s"], "report (auto picks plain on CUDA)", "report", None))
+    fp8, no_fp8 = fp8_run(device, args, has_gpu, e2e)
+    rows.append(target("gpu", f"crammed-bert training tokens/s, impl.precision=fp8 / {e2e['precision']}", fp8 and
+                       fp8["tokens_per_s"] / e2e["tokens_per_s"], no_fp8 or "report", "report", None))
     mfu = e2e["mfu_datasheet"] if e2e["mfu_datasheet"] is not None else e2e["mfu_measured"]
     which = "datasheet" if e2e["mfu_datasheet"] is not None else "measured matmul"
     rows.append(target("gpu", f"crammed-bert seq {e2e['seq']} {e2e['precision']} compile={e2e['compile']}: MFU of the "
@@ -113,8 +124,22 @@ def run(args, out: Path) -> dict:
                          "MFU (measured)"],
                         [[r["arch"], r["precision"], str(r["compile"]), r["loss"], r["step_s"] * 1e3, r["tokens_per_s"],
                           "-" if r["mfu_datasheet"] is None else f"{100 * r['mfu_datasheet']:.1f} %",
-                          f"{100 * r['mfu_measured']:.1f} %"] for r in (e2e, other)])
+                          f"{100 * r['mfu_measured']:.1f} %"] for r in (e2e, other, fp8) if r])
                 + (f"\n\nKernel tables: `{kernels_md}` (and `python scripts/bench_kernels.py --write-docs "
                    "docs/benchmarks.md` for the Kernels block)." if kernels_md else ""))
     return {"status": "ok" if has_gpu else "smoke-cpu", "end_to_end": e2e, "end_to_end_other_loss": other,
-            "targets": rows, "markdown": markdown}
+            "end_to_end_fp8": fp8, "targets": rows, "markdown": markdown}
+
+
+def fp8_run(device, args, has_gpu: bool, e2e: dict) -> tuple[dict | None, str | None]:
+    """The same steps with impl.precision=fp8 (the loss auto picks), or None and why not: a GPU before compute
+    capability 8.9 has no float8 tensor cores; torchao missing (the fp8 extra)."""
+    from cramming.config import Fp8Config
+    from cramming.impl import fp8_device_problem
+    from cramming.train.fp8 import torchao_missing
+
+    smoke = args.smoke or not has_gpu
+    if why := torchao_missing() or (None if smoke else fp8_device_problem(Fp8Config(), device)):
+        return None, f"not measured: {why}"
+    return end_to_end(device, 2 if args.smoke else args.gpu_batch, 2 if args.smoke else 20, 1 if args.smoke else 5,
+                      smoke=smoke, fp8=True), None
