@@ -45,7 +45,7 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
             f"| validation loss | not measured at this step (untrained {summary['untrained_val_loss']:.4f}) |")
     lines = [
         f"# {summary['name']}" + (f" (step {step:,})" if step is not None else ""), "",
-        (f"A {objective.upper()} model pretrained with [cramming](https://github.com/JonasGeiping/cramming)'s recipe "
+        (f"{'An' if objective in ('mlm', 'rtd') else 'A'} {objective.upper()} model pretrained with [cramming](https://github.com/JonasGeiping/cramming)'s recipe "
          f"on a wall-clock budget of {summary['budget_hours']:g} hours{started}.{when}"), "",
         "| | |", "|---|---|",
         (f"| architecture | {arch['num_layers']} layers x {arch['hidden_size']} wide, {arch['num_heads']} heads, "
