@@ -65,6 +65,7 @@ class DataConfig:
     filter_threshold: float | None = None  # keep a document only if tokens / characters < threshold
     dedup: bool = True  # drop exact duplicate documents
     ordering: str = "random"  # the training order: random, or sorted by sentence count (Cramming's curriculum)
+    document_masking: bool = False  # keep the documents packed in a row apart: no attention across, positions restart
     # prepared data: $CRAMMING_CACHE, else $XDG_CACHE_HOME/cramming, else ~/.cache/cramming
     cache_dir: str = field(default_factory=cache_default)
     prepared: str | None = None  # train on this prepared folder (data_only=true prints one; or an exported dataset)

@@ -67,7 +67,7 @@ def triton_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def attention_unsupported(name: str, arch, device=None, dtype=None) -> str | None:
+def attention_unsupported(name: str, arch, device=None, dtype=None, documents: bool = False) -> str | None:
     """Why attention kernel `name` cannot serve this architecture (on this CUDA device, in this dtype), or None:
     what the kernel computes against what the arch's patterns and positions need, then the kernel's own limits."""
     from . import kernels  # noqa: F401  registers the Triton kernels
@@ -76,7 +76,7 @@ def attention_unsupported(name: str, arch, device=None, dtype=None) -> str | Non
     if arch is None:
         return None
     kernel = ATTENTION_KERNELS[name]
-    return kernel_refusal(kernel, arch) or (kernel.limits(arch, device, dtype) if kernel.limits else None)
+    return kernel_refusal(kernel, arch, documents) or (kernel.limits(arch, device, dtype) if kernel.limits else None)
 
 
 def ieee_fp32(device: torch.device, dtype) -> bool:
@@ -85,7 +85,8 @@ def ieee_fp32(device: torch.device, dtype) -> bool:
     return device.type == "cuda" and dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
 
 
-def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=None) -> tuple[str, str]:
+def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=None,
+                    documents: bool = False) -> tuple[str, str]:
     """`auto` picks the Triton kernels on CUDA when they can serve the model (dtype: the attention inputs', i.e.
     the autocast dtype or fp32), else SDPA, else eager. An explicit choice that cannot serve the run is an error,
     never a silent fallback."""
@@ -93,8 +94,8 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     if name == "auto":
         triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
         candidates = (["triton"] if triton_ok else []) + ["sdpa", "eager"]
-        name = next(c for c in candidates if attention_unsupported(c, arch, device, dtype) is None)
-    reason = (no_triton if name == "triton" else None) or attention_unsupported(name, arch, device, dtype)
+        name = next(c for c in candidates if attention_unsupported(c, arch, device, dtype, documents) is None)
+    reason = (no_triton if name == "triton" else None) or attention_unsupported(name, arch, device, dtype, documents)
     if reason:
         fallback = "eager" if name == "sdpa" else "sdpa"
         raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention={fallback}")
@@ -112,7 +113,8 @@ def auto_loss(device: torch.device) -> str:
     return "plain" if device.type == "cuda" else "fused"
 
 
-def resolve(impl, arch=None) -> Runtime:
+def resolve(impl, arch=None, documents: bool = False) -> Runtime:
+    """documents: data.document_masking, which the attention kernel must serve."""
     device_name = impl.device
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,7 +126,7 @@ def resolve(impl, arch=None) -> Runtime:
         raise UserError(problem)
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(precision, torch.float32)
-    attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device, dtype)
+    attention, rotary = resolve_kernels(impl.attention, impl.rotary, arch, device, dtype, documents)
     loss = impl.loss if impl.loss != "auto" else auto_loss(device)
     if problem := compile_mode_problem(impl.compile_mode, compile_, impl.compile, device.type):
         raise UserError(problem)

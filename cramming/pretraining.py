@@ -79,7 +79,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     """Run the whole recipe; returns train_summary (also written into the checkpoint)."""
     setup_start = time.time()
     seed_everything(config.seed)
-    runtime = impl_.resolve(config.impl, config.arch)
+    runtime = impl_.resolve(config.impl, config.arch, documents=config.data.document_masking)
     if (note := cpu_recipe_note(config, runtime.device.type)) and env_rank() == 0:
         print(note, flush=True)  # the GPU batch recipe on a CPU: say so before the run is mysteriously short
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
@@ -202,7 +202,8 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
                             world=engine.world)
     setup_seconds = time.time() - setup_start
 
-    objective = build_objective(config.arch.objective, config.train, meta, runtime.device, tokenizer)
+    objective = build_objective(config.arch.objective, config.train, meta, runtime.device, tokenizer,
+                                documents=config.data.document_masking)
     measure = functools.partial(validation_metrics, engine.unwrap(model), objective, folder, meta, config.train,
                                 microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
     eval_start = time.time()

@@ -73,6 +73,17 @@ def padding(batch, seq, kind, seed=1):
     return mask.to(DEVICE)
 
 
+def documents(batch, seq, given, seed=2):
+    """Non-decreasing document ids of packed rows: random boundaries, some inside a 16-block, a one-token document,
+    and a document that crosses block edges (data.document_masking)."""
+    if not given:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    starts = (torch.rand(batch, seq, generator=gen) < 0.12).int()
+    starts[:, 0], starts[:, 5], starts[:, 6] = 0, 1, 1  # position 5 is a document of its own
+    return starts.cumsum(1).to(DEVICE)
+
+
 def run_both(q, k, v, dout, **kw):
     """(out, dq, dk, dv) of the Triton kernel and of the eager reference (fp32) for one upstream gradient."""
     results = []
@@ -115,6 +126,9 @@ CASES = {  # name: (heads, seq, head_dim, kwargs)
     "alibi-causal-d128": (2, 17, 128, {"alibi": True, "causal": True}),
     "all-causal-window-alibi-pad": (3, 37, 32, {"causal": True, "window": 7, "alibi": True, "pad": "random"}),
     "all-bidirectional-window-alibi-pad": (3, 37, 16, {"window": 4, "alibi": True, "pad": "empty-row"}),
+    "documents-d32": (2, 37, 32, {"docs": True}),
+    "documents-causal-d64": (2, 41, 64, {"docs": True, "causal": True}),
+    "documents-window-alibi-pad": (3, 37, 16, {"docs": True, "window": 5, "alibi": True, "pad": "random"}),
 }
 
 
@@ -122,8 +136,9 @@ CASES = {  # name: (heads, seq, head_dim, kwargs)
 def test_matches_eager_fp32(case):
     heads, seq, head_dim, kw = CASES[case]
     kw = dict(kw)
-    q, k, v, dout = make(batch=2 if kw.get("pad") else 1, heads=heads, seq=seq, head_dim=head_dim)
+    q, k, v, dout = make(batch=2 if kw.get("pad") or kw.get("docs") else 1, heads=heads, seq=seq, head_dim=head_dim)
     kw["key_padding_mask"] = padding(q.shape[0], seq, kw.pop("pad", None))
+    kw["documents"] = documents(q.shape[0], seq, kw.pop("docs", None))
     assert_matches(*run_both(q, k, v, dout, **kw))
 
 

@@ -52,7 +52,7 @@ def test_only_masked_positions_are_replaced_and_the_targets_say_which_changed():
     assert not out.replaced[~masked].any()
     # the discriminator's input: the sampled token where masked, the original elsewhere; replaced where it differs
     seen = {}
-    model.discriminate = lambda ids, mask: seen.setdefault("ids", ids).float() * 0
+    model.discriminate = lambda ids, mask, documents=None: seen.setdefault("ids", ids).float() * 0
     model(**{k: batch[k] for k in ("input_ids", "labels", "replace_draws")})
     corrupted = seen["ids"]
     assert torch.equal(corrupted[~masked], batch["input_ids"][~masked])
@@ -135,7 +135,7 @@ def test_the_generator_shares_the_discriminators_embeddings_by_default():
     ids = batch["input_ids"]
     with torch.no_grad():
         embedded = encoder.embedding_norm(encoder.tokens(ids) + encoder.positions(ids.shape[1], 0))
-        manual = generator.encoder.layers[0](project(embedded), None, None)  # the generator's first block
+        manual = generator.encoder.layers[0](project(embedded))  # the generator's first block
         hooked = {}
         generator.encoder.layers[0].register_forward_hook(lambda m, i, o: hooked.setdefault("out", o))
         hidden = generator.encoder(ids).last_hidden_state

@@ -15,6 +15,7 @@ from test_resume import NAN_RUN, sigterm_at  # noqa: F401  (the fixture, for the
 from test_resume import config_for as run_config
 from cramming.config import load_config
 from cramming.errors import UserError
+from cramming.model.context import Context
 from cramming.model.configuration_crammed import CrammedConfig
 from cramming.model.modeling_crammed import CrammedForMaskedLM, CrammedForSequenceClassification
 from cramming.model.rotary import Positions
@@ -130,8 +131,8 @@ def test_rotary_turns_the_kept_tokens_by_their_own_positions():
     keep = torch.tensor([[0, 2, 3, 7, 8, 9, 12, 15], [1, 4, 5, 6, 10, 11, 13, 14]])
     visible = torch.zeros(2, SEQ, dtype=torch.bool).scatter(1, keep, True)
     with torch.no_grad():
-        whole = layer(x, visible)
-        kept = layer(x.gather(1, keep[..., None].expand(-1, -1, 32)), None, positions=Positions(keep, SEQ))
+        whole = layer(x, Context(padding=visible))
+        kept = layer(x.gather(1, keep[..., None].expand(-1, -1, 32)), Context(positions=Positions(keep, SEQ)))
     torch.testing.assert_close(kept, whole.gather(1, keep[..., None].expand(-1, -1, 32)))
 
 

@@ -37,7 +37,7 @@ BATCH_DOCS, BATCH_CHARS = 512, 1 << 19  # one tokenizer call: bounded in documen
 
 
 def cache_key(cfg, fingerprint) -> str:
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "ordering", "prepared")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("cache_dir", "ordering", "prepared", "document_masking")}
     blob = json.dumps([PIPELINE_VERSION, settings, fingerprint], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -9,7 +9,8 @@ shared memory (metadata.shared) against the limit and against the estimate the a
 (cramming.kernels.tuning.shared_bytes: it must not be lower). It reports each config's shared memory, registers
 and local memory per thread (register spills, from the wheel's cuobjdump), then a one-line summary. Compiles run
 with Triton's usual specialisation (pointers and 16-divisible ints aligned) for a padded bidirectional key, the
-common pretraining case; results land in Triton's cache, so a second run takes seconds.
+common pretraining case, and the tightest config once more for causal rows of packed documents
+(data.document_masking); results land in Triton's cache, so a second run takes seconds.
 """
 
 import argparse
@@ -25,8 +26,9 @@ DTYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 POINTERS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "x_ptr", "out_ptr"}
 FP32_POINTERS = {"Lse", "Delta", "cos_ptr", "sin_ptr"}
-UNALIGNED = {"smb", "smn", "window", "sm_scale", "H", "N", "D", "N_BUCKET", "S", "sxd", "spb", "sps"}
-FLAGS = {"CAUSAL": False, "HAS_WINDOW": False, "HAS_PAD": True, "ALIBI": False}
+UNALIGNED = {"smb", "smn", "sxb", "sxn", "window", "sm_scale", "H", "N", "D", "N_BUCKET", "S", "sxd", "spb", "sps"}
+FLAGS = {"CAUSAL": False, "HAS_WINDOW": False, "HAS_PAD": True, "ALIBI": False, "HAS_DOCS": False}
+DOCUMENT_FLAGS = {**FLAGS, "CAUSAL": True, "HAS_DOCS": True}  # data.document_masking: packed causal rows
 
 
 def _signature(fn, dtype, constexprs):
@@ -35,9 +37,9 @@ def _signature(fn, dtype, constexprs):
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in POINTERS or name in FP32_POINTERS or name in ("Kpm", "pos_ptr"):
+        elif name in POINTERS or name in FP32_POINTERS or name in ("Kpm", "Docs", "pos_ptr"):
             signature[name] = "*" + (dtype if name in POINTERS else "fp32" if name in FP32_POINTERS else
-                                     "u8" if name == "Kpm" else "i64")
+                                     "u8" if name == "Kpm" else "i32" if name == "Docs" else "i64")
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name == "sm_scale" else "i32"
@@ -94,10 +96,13 @@ def attention_jobs(arch, dtype, head_dim, every):
     for kernel in CONFIGS:
         configs = sorted(fitting(kernel, head_dim, elt, limit), key=lambda c: shared_bytes(kernel, c[0], c[1], c[3],
                                                                                              block_d, elt))
-        for m, n, warps, stages in configs if every else configs[-1:]:
-            constexprs = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_D": block_d, **FLAGS, "EVEN_D": block_d == head_dim,
+        chosen = [(c, FLAGS) for c in (configs if every else configs[-1:])]
+        chosen += [(c, DOCUMENT_FLAGS) for c in configs[-1:]]  # the tightest fit, with document masking too
+        for (m, n, warps, stages), flags in chosen:
+            constexprs = {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_D": block_d, **flags, "EVEN_D": block_d == head_dim,
                           "DOT_PREC": "tf32" if dtype == "fp32" else "ieee"}
-            jobs.append({"kernel": kernel, "arch": arch, "dtype": dtype, "head_dim": head_dim, "config": (m, n),
+            label = (m, n) if flags is FLAGS else (m, n, "documents")
+            jobs.append({"kernel": kernel, "arch": arch, "dtype": dtype, "head_dim": head_dim, "config": label,
                          "warps": warps, "stages": stages, "constexprs": constexprs, "limit": limit,
                          "estimate": shared_bytes(kernel, m, n, stages, block_d, elt)})
     return refusal, jobs

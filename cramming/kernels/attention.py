@@ -1,7 +1,7 @@
 """FlashAttention-2-style attention in Triton, forward and backward, with the masks of cramming.model.attention.
 
-Same semantics as `eager_attention` (key padding, causal, local window, ALiBi; a query that sees nothing outputs
-zeros). The forward keeps a running max and sum per query row (online softmax), so memory is linear in the
+Same semantics as `eager_attention` (key padding, causal, local window, ALiBi, document ids: a query sees only keys
+of its own document; a query that sees nothing outputs zeros). The forward keeps a running max and sum per query row (online softmax), so memory is linear in the
 sequence length; it saves O and the log-sum-exp, and the backward recomputes the probabilities from them.
 The backward is two kernels without atomics (dK/dV per key block, dQ per query block), so it is deterministic.
 
@@ -45,12 +45,13 @@ def _launch(name, grid_block, seq, batch_heads, args, meta, device):
         add_autotune_seconds(time.perf_counter() - started)
 
 
-def _meta(q, causal, window, alibi, key_padding_mask):
+def _meta(q, causal, window, alibi, key_padding_mask, documents):
     head_dim = q.shape[-1]
     block_d = max(16, triton.next_power_of_2(head_dim))
     tf32 = q.dtype == torch.float32 and q.is_cuda and torch.get_float32_matmul_precision() != "highest"
     return {"BLOCK_D": block_d, "CAUSAL": causal, "HAS_WINDOW": window is not None,
-            "HAS_PAD": key_padding_mask is not None, "ALIBI": alibi, "EVEN_D": block_d == head_dim,
+            "HAS_PAD": key_padding_mask is not None, "ALIBI": alibi, "HAS_DOCS": documents is not None,
+            "EVEN_D": block_d == head_dim,
             "DOT_PREC": "tf32" if tf32 else "ieee"}
 
 
@@ -62,7 +63,14 @@ def _mask_args(q, key_padding_mask):
     return mask, mask.stride(0), mask.stride(1)
 
 
-def _forward(q, k, v, key_padding_mask, causal, window, alibi, scale):
+def _document_args(q, documents):
+    """The (batch, seq) int32 document ids and their strides; q is a never-read stand-in."""
+    if documents is None:
+        return q, 0, 0
+    return documents, documents.stride(0), documents.stride(1)
+
+
+def _forward(q, k, v, key_padding_mask, documents, causal, window, alibi, scale):
     batch, heads, seq, head_dim = q.shape
     if q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         unfit = attention_unfit(head_dim, q.dtype, shared_limit(q.device))
@@ -71,13 +79,15 @@ def _forward(q, k, v, key_padding_mask, causal, window, alibi, scale):
     out = torch.empty(batch, seq, heads, head_dim, device=q.device, dtype=q.dtype).transpose(1, 2)
     lse = torch.empty(batch, heads, seq, device=q.device, dtype=torch.float32)
     mask, smb, smn = _mask_args(q, key_padding_mask)
-    args = (q, k, v, out, lse, mask, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], smb, smn,
-            heads, seq, head_dim, window or 0, scale, triton.next_power_of_2(seq))
-    _launch("fwd", "BLOCK_M", seq, batch * heads, args, _meta(q, causal, window, alibi, key_padding_mask), q.device)
+    docs, sxb, sxn = _document_args(q, documents)
+    args = (q, k, v, out, lse, mask, docs, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], smb,
+            smn, sxb, sxn, heads, seq, head_dim, window or 0, scale, triton.next_power_of_2(seq))
+    meta = _meta(q, causal, window, alibi, key_padding_mask, documents)
+    _launch("fwd", "BLOCK_M", seq, batch * heads, args, meta, q.device)
     return out, lse
 
 
-def _backward(q, k, v, out, lse, dout, key_padding_mask, causal, window, alibi, scale):
+def _backward(q, k, v, out, lse, dout, key_padding_mask, documents, causal, window, alibi, scale):
     batch, heads, seq, head_dim = q.shape
     if dout.stride(-1) != 1:  # e.g. the all-zero-stride gradient of .sum()
         dout = dout.contiguous()
@@ -91,11 +101,13 @@ def _backward(q, k, v, out, lse, dout, key_padding_mask, causal, window, alibi, 
              for _ in range(3)]
     dq, dk, dv = grads
     mask, smb, smn = _mask_args(q, key_padding_mask)
-    meta = _meta(q, causal, window, alibi, key_padding_mask)
+    docs, sxb, sxn = _document_args(q, documents)
+    meta = _meta(q, causal, window, alibi, key_padding_mask, documents)
     common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *dk.stride()[:3], smb, smn,
-              heads, seq, head_dim, window or 0, scale, triton.next_power_of_2(seq))
-    _launch("dkdv", "BLOCK_N", seq, batch * heads, (q, k, v, dout, dk, dv, lse, delta, mask, *common), meta, q.device)
-    _launch("dq", "BLOCK_M", seq, batch * heads, (q, k, v, dout, dq, lse, delta, mask, *common), meta, q.device)
+              sxb, sxn, heads, seq, head_dim, window or 0, scale, triton.next_power_of_2(seq))
+    _launch("dkdv", "BLOCK_N", seq, batch * heads, (q, k, v, dout, dk, dv, lse, delta, mask, docs, *common), meta,
+            q.device)
+    _launch("dq", "BLOCK_M", seq, batch * heads, (q, k, v, dout, dq, lse, delta, mask, docs, *common), meta, q.device)
     return dq, dk, dv
 
 
@@ -103,12 +115,13 @@ def _backward(q, k, v, out, lse, dout, key_padding_mask, causal, window, alibi, 
 # into Triton); the fake functions tell it the output shapes and strides.
 @torch.library.custom_op("cramming::flash_attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
-                  causal: bool, window: int | None, alibi: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward(q, k, v, key_padding_mask, causal, window, alibi, scale)
+                  documents: torch.Tensor | None, causal: bool, window: int | None, alibi: bool,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, key_padding_mask, documents, causal, window, alibi, scale)
 
 
 @_attention_op.register_fake
-def _(q, k, v, key_padding_mask, causal, window, alibi, scale):
+def _(q, k, v, key_padding_mask, documents, causal, window, alibi, scale):
     batch, heads, seq, head_dim = q.shape
     out = q.new_empty(batch, seq, heads, head_dim).transpose(1, 2)
     return out, q.new_empty(batch, heads, seq, dtype=torch.float32)
@@ -116,30 +129,30 @@ def _(q, k, v, key_padding_mask, causal, window, alibi, scale):
 
 @torch.library.custom_op("cramming::flash_attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                           dout: torch.Tensor, key_padding_mask: torch.Tensor | None, causal: bool,
-                           window: int | None, alibi: bool, scale: float
+                           dout: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                           documents: torch.Tensor | None, causal: bool, window: int | None, alibi: bool, scale: float
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(q, k, v, out, lse, dout, key_padding_mask, causal, window, alibi, scale)
+    return _backward(q, k, v, out, lse, dout, key_padding_mask, documents, causal, window, alibi, scale)
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, key_padding_mask, causal, window, alibi, scale):
+def _(q, k, v, out, lse, dout, key_padding_mask, documents, causal, window, alibi, scale):
     batch, heads, seq, head_dim = q.shape
     return tuple(q.new_empty(batch, seq, heads, head_dim).transpose(1, 2) for _ in range(3))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding_mask, causal, window, alibi, scale = inputs
+    q, k, v, key_padding_mask, documents, causal, window, alibi, scale = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
+    ctx.save_for_backward(q, k, v, out, lse, key_padding_mask, documents)
     ctx.options = (causal, window, alibi, scale)
     ctx.mark_non_differentiable(lse)
 
 
 def _attention_backward(ctx, dout, _dlse):
-    q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, key_padding_mask, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None
+    q, k, v, out, lse, key_padding_mask, documents = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(q, k, v, out, lse, dout, key_padding_mask, documents, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_context)
@@ -156,9 +169,9 @@ def triton_limits(arch, device=None, dtype=None) -> str | None:
     return None
 
 
-@attention_kernel("triton", serves={"window", "alibi"}, limits=triton_limits)
+@attention_kernel("triton", serves={"window", "alibi", "documents"}, limits=triton_limits)
 def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                    stepped=None, topk=None, bias=None, scale=None, return_lse=False):
+                    stepped=None, topk=None, bias=None, scale=None, return_lse=False, documents=None):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,
     bf16 or fp32; any strides). Returns a (batch, heads, seq, head_dim) view of a (batch, seq, heads, head_dim)
     tensor, and with return_lse also the fp32 (batch, heads, seq) natural-log log-sum-exp of the scores
@@ -184,8 +197,11 @@ def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
         raise ValueError(f"window must be >= 0, got {window}")
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (q.shape[0], q.shape[2]):
         raise ValueError(f"key_padding_mask must be (batch, seq), got {tuple(key_padding_mask.shape)}")
+    if documents is not None and tuple(documents.shape) != (q.shape[0], q.shape[2]):
+        raise ValueError(f"documents must be (batch, seq), got {tuple(documents.shape)}")
+    documents = None if documents is None else documents.to(torch.int32)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # kernels assume unit stride on dim
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     window = None if window is None else min(int(window), q.shape[2])  # same mask; keeps int32 bounds in range
-    out, lse = _attention_op(q, k, v, key_padding_mask, bool(causal), window, bool(alibi), scale)
+    out, lse = _attention_op(q, k, v, key_padding_mask, documents, bool(causal), window, bool(alibi), scale)
     return (out, lse) if return_lse else out

@@ -26,10 +26,12 @@ if triton is not None:
         return tl.exp2(exponent) / sm_scale
 
     @triton.jit
-    def _mask_scores(s, q_idx, k_idx, key_ok, N, window, alibi_step, MASK_POS: tl.constexpr,
-                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr):
+    def _mask_scores(s, q_idx, k_idx, key_ok, same_doc, N, window, alibi_step, MASK_POS: tl.constexpr,
+                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr,
+                     HAS_DOCS: tl.constexpr):
         """Add ALiBi and set invisible keys to -inf. q_idx/k_idx are broadcastable index blocks, so the same code
-        serves the (query, key) tiles of the forward/dQ and the transposed (key, query) tiles of dK/dV."""
+        serves the (query, key) tiles of the forward/dQ and the transposed (key, query) tiles of dK/dV; same_doc
+        is the tile's "query and key share a document" (document masking)."""
         if ALIBI:
             s = s - alibi_step * tl.abs(q_idx - k_idx).to(tl.float32)
         if MASK_POS:  # only blocks crossing the sequence end or a causal/window boundary pay for this
@@ -41,7 +43,14 @@ if triton is not None:
             s = tl.where(ok, s, float("-inf"))
         if HAS_PAD:
             s = tl.where(key_ok, s, float("-inf"))
+        if HAS_DOCS:
+            s = tl.where(same_doc, s, float("-inf"))
         return s
+
+    @triton.jit
+    def _load_docs(docs, rows, N, sxn):
+        """Document ids of `rows`; rows past N get -1, which no real token has (their scores are masked anyway)."""
+        return tl.load(docs + rows * sxn, mask=rows < N, other=-1)
 
     @triton.jit
     def _clamp_ranges(lo, full_lo, full_hi, hi):
@@ -124,18 +133,19 @@ if triton is not None:
     # ---- forward -----------------------------------------------------------------------------------------------
 
     @triton.jit
-    def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, kpm, skn, svn, smn, offs_m, offs_d, start, end,
-                   N, D, window, qk_scale, alibi_step, BLOCK_N: tl.constexpr, MASK_POS: tl.constexpr,
+    def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, kpm, skn, svn, smn, q_doc, docs, sxn, offs_m, offs_d, start,
+                   end, N, D, window, qk_scale, alibi_step, BLOCK_N: tl.constexpr, MASK_POS: tl.constexpr,
                    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr,
-                   EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                   HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         for n0 in range(start, end, BLOCK_N):
             n0 = tl.multiple_of(n0, BLOCK_N)
             offs_n = n0 + tl.arange(0, BLOCK_N)
             k = _load_rows(k_base + offs_n[:, None] * skn + offs_d[None, :], offs_n, offs_d, N, D, MASK_POS, EVEN_D)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
             key_ok = _load_key_ok(kpm, offs_n, N, smn, MASK_POS) if HAS_PAD else None
-            s = _mask_scores(s, offs_m[:, None], offs_n[None, :], key_ok, N, window, alibi_step, MASK_POS,
-                             CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI)
+            same_doc = (q_doc[:, None] == _load_docs(docs, offs_n, N, sxn)[None, :]) if HAS_DOCS else None
+            s = _mask_scores(s, offs_m[:, None], offs_n[None, :], key_ok, same_doc, N, window, alibi_step, MASK_POS,
+                             CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI, HAS_DOCS)
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: avoid inf - inf
             p = tl.exp2(s * qk_scale - m_safe[:, None])
@@ -147,10 +157,10 @@ if triton is not None:
         return acc, m_i, l_i
 
     @triton.jit
-    def _attn_fwd(Q, K, V, Out, Lse, Kpm, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, smb, smn,
-                  H, N, D, window, sm_scale, N_BUCKET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _attn_fwd(Q, K, V, Out, Lse, Kpm, Docs, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, smb,
+                  smn, sxb, sxn, H, N, D, window, sm_scale, N_BUCKET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr,
-                  ALIBI: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                  ALIBI: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         """One program: BLOCK_M queries of one (batch, head), looping over the key blocks they can see."""
         m0 = tl.program_id(1) * BLOCK_M
         pid_bh = tl.program_id(0)  # axis 0: batch * heads may pass CUDA's 65,535 cap on axes 1 and 2
@@ -161,7 +171,8 @@ if triton is not None:
         alibi_step = _alibi_step(h, H, sm_scale) if ALIBI else 0.0
         q = _load_rows(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :], offs_m, offs_d, N, D, True,
                        EVEN_D)
-        k_base, v_base, kpm = K + b * skb + h * skh, V + b * svb + h * svh, Kpm + b * smb
+        k_base, v_base, kpm, docs = K + b * skb + h * skh, V + b * svb + h * svh, Kpm + b * smb, Docs + b * sxb
+        q_doc = _load_docs(docs, offs_m, N, sxn) if HAS_DOCS else None
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -169,9 +180,9 @@ if triton is not None:
         for i in tl.static_range(3):  # masked edge, unmasked middle, masked edge
             start = lo if i == 0 else (full_lo if i == 1 else full_hi)
             end = full_lo if i == 0 else (full_hi if i == 1 else hi)
-            acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, kpm, skn, svn, smn, offs_m, offs_d,
-                                       start, end, N, D, window, qk_scale, alibi_step, BLOCK_N, i != 1, CAUSAL,
-                                       HAS_WINDOW, HAS_PAD, ALIBI, EVEN_D, DOT_PREC)
+            acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, kpm, skn, svn, smn, q_doc, docs, sxn,
+                                       offs_m, offs_d, start, end, N, D, window, qk_scale, alibi_step, BLOCK_N,
+                                       i != 1, CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI, HAS_DOCS, EVEN_D, DOT_PREC)
         seen = l_i > 0.0  # l_i >= 1 as soon as one key is visible
         out = acc / tl.where(seen, l_i, 1.0)[:, None]  # a row that sees nothing: acc is 0, output 0
         lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) / LOG2E, float("-inf"))
@@ -196,10 +207,10 @@ if triton is not None:
         tl.store(Delta + pid_bh.to(tl.int64) * N + rows, delta, mask=rows < N)
 
     @triton.jit
-    def _dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_ptr, delta_ptr, sqn, sdn, offs_n, offs_d, start,
-                    end, N, D, window, qk_scale, alibi_step, BLOCK_M: tl.constexpr, MASK_POS: tl.constexpr,
-                    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr,
-                    EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    def _dkdv_inner(dk, dv, k, v, key_ok, k_doc, docs, sxn, q_base, do_base, lse_ptr, delta_ptr, sqn, sdn, offs_n,
+                    offs_d, start, end, N, D, window, qk_scale, alibi_step, BLOCK_M: tl.constexpr,
+                    MASK_POS: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr,
+                    ALIBI: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         """Works on transposed tiles (keys x queries), so no accumulator needs a transpose."""
         for m0 in range(start, end, BLOCK_M):
             m0 = tl.multiple_of(m0, BLOCK_M)
@@ -213,8 +224,9 @@ if triton is not None:
             else:
                 delta = tl.load(delta_ptr + offs_m)
             s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
-            s_t = _mask_scores(s_t, offs_m[None, :], offs_n[:, None], key_ok, N, window, alibi_step, MASK_POS,
-                               CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI)
+            same_doc = (k_doc[:, None] == _load_docs(docs, offs_m, N, sxn)[None, :]) if HAS_DOCS else None
+            s_t = _mask_scores(s_t, offs_m[None, :], offs_n[:, None], key_ok, same_doc, N, window, alibi_step,
+                               MASK_POS, CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI, HAS_DOCS)
             p_t = tl.exp2(s_t * qk_scale - lse2[None, :])
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PREC)
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
@@ -223,11 +235,11 @@ if triton is not None:
         return dk, dv
 
     @triton.jit
-    def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, Kpm, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
-                       sdb, sdh, sdn, sgb, sgh, sgn, smb, smn, H, N, D, window, sm_scale, N_BUCKET,
+    def _attn_bwd_dkdv(Q, K, V, DO, DK, DV, Lse, Delta, Kpm, Docs, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
+                       sdb, sdh, sdn, sgb, sgh, sgn, smb, smn, sxb, sxn, H, N, D, window, sm_scale, N_BUCKET,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
-                       HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr, EVEN_D: tl.constexpr,
-                       DOT_PREC: tl.constexpr):
+                       HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr, HAS_DOCS: tl.constexpr,
+                       EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         """One program: dK and dV of BLOCK_N keys, looping over the query blocks that see them. DK and DV share
         their strides (sg*)."""
         n0 = tl.program_id(1) * BLOCK_N
@@ -242,6 +254,8 @@ if triton is not None:
         v = _load_rows(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :], offs_n, offs_d, N, D, True,
                        EVEN_D)
         key_ok = (_load_key_ok(Kpm + b * smb, offs_n, N, smn, True)[:, None]) if HAS_PAD else None
+        docs = Docs + b * sxb
+        k_doc = _load_docs(docs, offs_n, N, sxn) if HAS_DOCS else None
         q_base, do_base = Q + b * sqb + h * sqh, DO + b * sdb + h * sdh
         lse_ptr, delta_ptr = Lse + pid_bh.to(tl.int64) * N, Delta + pid_bh.to(tl.int64) * N
         dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -250,19 +264,19 @@ if triton is not None:
         for i in tl.static_range(3):
             start = lo if i == 0 else (full_lo if i == 1 else full_hi)
             end = full_lo if i == 0 else (full_hi if i == 1 else hi)
-            dk, dv = _dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_ptr, delta_ptr, sqn, sdn, offs_n,
-                                 offs_d, start, end, N, D, window, qk_scale, alibi_step, BLOCK_M, i != 1, CAUSAL,
-                                 HAS_WINDOW, HAS_PAD, ALIBI, EVEN_D, DOT_PREC)
+            dk, dv = _dkdv_inner(dk, dv, k, v, key_ok, k_doc, docs, sxn, q_base, do_base, lse_ptr, delta_ptr, sqn,
+                                 sdn, offs_n, offs_d, start, end, N, D, window, qk_scale, alibi_step, BLOCK_M,
+                                 i != 1, CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI, HAS_DOCS, EVEN_D, DOT_PREC)
         mask = (offs_n[:, None] < N) & (offs_d[None, :] < D)
         offs = b * sgb + h * sgh + offs_n[:, None] * sgn + offs_d[None, :]
         tl.store(DK + offs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
         tl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm, skn, svn, smn, offs_m, offs_d, start, end, N, D,
-                  window, qk_scale, alibi_step, BLOCK_N: tl.constexpr, MASK_POS: tl.constexpr,
+    def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm, skn, svn, smn, q_doc, docs, sxn, offs_m, offs_d,
+                  start, end, N, D, window, qk_scale, alibi_step, BLOCK_N: tl.constexpr, MASK_POS: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_PAD: tl.constexpr, ALIBI: tl.constexpr,
-                  EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                  HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
         for n0 in range(start, end, BLOCK_N):
             n0 = tl.multiple_of(n0, BLOCK_N)
             offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -270,8 +284,9 @@ if triton is not None:
             v = _load_rows(v_base + offs_n[:, None] * svn + offs_d[None, :], offs_n, offs_d, N, D, MASK_POS, EVEN_D)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
             key_ok = _load_key_ok(kpm, offs_n, N, smn, MASK_POS) if HAS_PAD else None
-            s = _mask_scores(s, offs_m[:, None], offs_n[None, :], key_ok, N, window, alibi_step, MASK_POS,
-                             CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI)
+            same_doc = (q_doc[:, None] == _load_docs(docs, offs_n, N, sxn)[None, :]) if HAS_DOCS else None
+            s = _mask_scores(s, offs_m[:, None], offs_n[None, :], key_ok, same_doc, N, window, alibi_step, MASK_POS,
+                             CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI, HAS_DOCS)
             p = tl.exp2(s * qk_scale - lse2[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)
             ds = p * (dp - delta[:, None])
@@ -279,10 +294,11 @@ if triton is not None:
         return dq
 
     @triton.jit
-    def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, Kpm, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
-                     sgb, sgh, sgn, smb, smn, H, N, D, window, sm_scale, N_BUCKET, BLOCK_M: tl.constexpr,
+    def _attn_bwd_dq(Q, K, V, DO, DQ, Lse, Delta, Kpm, Docs, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh,
+                     sdn, sgb, sgh, sgn, smb, smn, sxb, sxn, H, N, D, window, sm_scale, N_BUCKET, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                     HAS_PAD: tl.constexpr, ALIBI: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                     HAS_PAD: tl.constexpr, ALIBI: tl.constexpr, HAS_DOCS: tl.constexpr, EVEN_D: tl.constexpr,
+                     DOT_PREC: tl.constexpr):
         """One program: dQ of BLOCK_M queries, looping over the key blocks they see (same bounds as forward)."""
         m0 = tl.program_id(1) * BLOCK_M
         pid_bh = tl.program_id(0)
@@ -297,15 +313,16 @@ if triton is not None:
                         True, EVEN_D)
         lse2 = _load_lse2(Lse + pid_bh.to(tl.int64) * N, offs_m, N, True)
         delta = tl.load(Delta + pid_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
-        k_base, v_base, kpm = K + b * skb + h * skh, V + b * svb + h * svh, Kpm + b * smb
+        k_base, v_base, kpm, docs = K + b * skb + h * skh, V + b * svb + h * svh, Kpm + b * smb, Docs + b * sxb
+        q_doc = _load_docs(docs, offs_m, N, sxn) if HAS_DOCS else None
         dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         lo, full_lo, full_hi, hi = _key_range(m0, N, window, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW)
         for i in tl.static_range(3):
             start = lo if i == 0 else (full_lo if i == 1 else full_hi)
             end = full_lo if i == 0 else (full_hi if i == 1 else hi)
-            dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm, skn, svn, smn, offs_m, offs_d, start, end,
-                           N, D, window, qk_scale, alibi_step, BLOCK_N, i != 1, CAUSAL, HAS_WINDOW, HAS_PAD, ALIBI,
-                           EVEN_D, DOT_PREC)
+            dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm, skn, svn, smn, q_doc, docs, sxn, offs_m,
+                           offs_d, start, end, N, D, window, qk_scale, alibi_step, BLOCK_N, i != 1, CAUSAL,
+                           HAS_WINDOW, HAS_PAD, ALIBI, HAS_DOCS, EVEN_D, DOT_PREC)
         offs = b * sgb + h * sgh + offs_m[:, None] * sgn + offs_d[None, :]
         tl.store(DQ + offs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(offs_m[:, None] < N) & (offs_d[None, :] < D))
 
@@ -331,7 +348,7 @@ if triton is not None:
     # Triton's on-disk autotune cache (cache_results, where this Triton has it): a new process, or the next
     # curriculum stage, reuses the timings of an earlier run instead of compiling and timing every config again.
     _CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    _KEY = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "HAS_PAD", "ALIBI", "DOT_PREC"]
+    _KEY = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HAS_WINDOW", "HAS_PAD", "ALIBI", "HAS_DOCS", "DOT_PREC"]
     TUNED = {name: triton.autotune(_configs(CONFIGS[name]), key=_KEY, prune_configs_by={"early_config_prune":
                                                                                       _pruner(name)}, **_CACHE)(fn)
              for name, fn in (("fwd", _attn_fwd), ("dkdv", _attn_bwd_dkdv), ("dq", _attn_bwd_dq))}

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .kv_cache import LayerCache, alibi_bias_at
+from .context import Context
+from .kv_cache import alibi_bias_at
 from .linear import build_linear
-from .masks import alibi_bias, alibi_slopes, visible_keys  # noqa: F401  (alibi_slopes: part of this API)
+from .masks import alibi_bias, alibi_slopes, same_document, visible_keys  # noqa: F401  (alibi_slopes: this API)
 from .norms import build_norm
 from .parametrization import parametrization
 from .patterns import PATTERNS
@@ -24,7 +25,8 @@ ATTENTION_KERNELS = Registry("attention kernel")
 # What a kernel may be asked beyond q, k, v and the padding / causal masks: the patterns' mask arguments (window,
 # stepped, topk), the position schemes' biases (alibi, a given score bias) and dropout.
 FEATURES = {"window": "a local window", "stepped": "stepped blocks", "topk": "top-k selection",
-            "alibi": "ALiBi bias", "bias": "learned relative-position bias", "dropout": "attention dropout"}
+            "alibi": "ALiBi bias", "bias": "learned relative-position bias", "dropout": "attention dropout",
+            "documents": "document masking"}
 
 
 def attention_kernel(name: str, serves: set[str], limits=None):
@@ -37,9 +39,10 @@ def attention_kernel(name: str, serves: set[str], limits=None):
     return add
 
 
-def kernel_refusal(kernel, config) -> str | None:
+def kernel_refusal(kernel, config, documents: bool = False) -> str | None:
     """Why `kernel` cannot compute this architecture's attention (config: an ArchConfig or CrammedConfig), or
-    None: each pattern and position scheme names the arguments it needs, the kernel the ones it serves."""
+    None: each pattern and position scheme names the arguments it needs, the kernel the ones it serves; documents:
+    the run keeps packed documents apart (data.document_masking)."""
     patterns = list(dict.fromkeys(config.attention.pattern))
     missing = [p for p in patterns if set(PATTERNS[p].kernel_args(config)) - kernel.serves]
     if missing:
@@ -51,6 +54,8 @@ def kernel_refusal(kernel, config) -> str | None:
         return f"it has no {FEATURES[needed]} (arch.position={config.position})"
     if config.attention_dropout > 0 and "dropout" not in kernel.serves:
         return f"it has no attention dropout (arch.attention_dropout={config.attention_dropout}); set it to 0"
+    if documents and "documents" not in kernel.serves:
+        return "it has no document masking (data.document_masking=true)"
     return None
 
 
@@ -66,17 +71,18 @@ def score_bias(q, alibi: bool, bias):
     return total
 
 
-@attention_kernel("sdpa", serves={"window", "stepped", "alibi", "bias", "dropout"})
+@attention_kernel("sdpa", serves={"window", "stepped", "alibi", "bias", "dropout", "documents"})
 def sdpa_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                   stepped=None, topk=None, bias=None, scale=None):
+                   stepped=None, topk=None, bias=None, scale=None, documents=None):
     """PyTorch's fused kernels (flash / memory-efficient / math, picked by PyTorch from the mask it gets)."""
     if topk is not None:
         raise ValueError("the 'sdpa' attention kernel cannot do top-k attention (it never holds the scores); "
                          "use the 'eager' kernel")
-    if key_padding_mask is None and window is None and stepped is None and not alibi and bias is None:
+    if (key_padding_mask is None and window is None and stepped is None and not alibi and bias is None
+            and documents is None):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
                                               scale=scale)  # flash-eligible
-    mask = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped)
+    mask = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped, documents)
     additive = score_bias(q, alibi, bias)
     if additive is not None:
         mask = (additive if mask is None else additive.masked_fill(~mask, float("-inf"))).to(q.dtype)
@@ -85,14 +91,14 @@ def sdpa_attention(q, k, v, key_padding_mask=None, causal=False, window=None, al
 
 @attention_kernel("eager", serves=set(FEATURES))
 def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                    stepped=None, topk=None, bias=None, scale=None):
+                    stepped=None, topk=None, bias=None, scale=None, documents=None):
     """The textbook formula, in fp32: the reference the fused kernels are tested against."""
     scores = q.float() @ k.float().transpose(-2, -1)
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     additive = score_bias(q, alibi, bias)
     if additive is not None:
         scores = scores + additive
-    visible = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped)
+    visible = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped, documents)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     if topk is not None and topk < scores.shape[-1]:  # ties at the k-th score keep all tied keys
@@ -107,17 +113,17 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
     return (probs @ v.float()).to(q.dtype)
 
 
-def attend_at(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_args, positions=None, dropout_p=0.0,
-              scale=None):
+def attend_at(q, k, v, ctx, causal, alibi, pattern, pattern_args, dropout_p=0.0, scale=None):
     """The queries of the last q.shape[2] rows against all k.shape[2] keys (a KV cache's step, or queries whose
     mask needs their positions), with the same mask and bias as the square kernels: the pattern's mask, causality,
-    padding, ALiBi and the given bias. Distances (causality, windows, ALiBi) count the tensor's indices, which are
-    the real tokens' distances when padding is only on the left or the right; an absolute pattern (stepped) is
-    computed at `positions` (rotary.Positions: position_ids) when given. One formula for every impl.attention (the
-    fused kernels need equal q and k lengths): SDPA with the mask as an additive bias, or the eager formula for
-    top-k; a query that sees nothing gets zeros."""
+    padding, documents, ALiBi and the context's bias. Distances (causality, windows, ALiBi) count the tensor's
+    indices, which are the real tokens' distances when padding is only on the left or the right; an absolute
+    pattern (stepped) is computed at the context's positions (rotary.Positions) when given. One formula for every
+    impl.attention (the fused kernels need equal q and k lengths): SDPA with the mask as an additive bias, or the
+    eager formula for top-k; a query that sees nothing gets zeros."""
     key_idx = torch.arange(k.shape[2], device=q.device)
     query_idx = key_idx[k.shape[2] - q.shape[2]:]
+    positions = ctx.positions
     at = (positions.ids, positions.key_ids) if positions is not None and pattern.absolute else (query_idx, key_idx)
     visible = pattern.visible(*at, **pattern_args)
     if visible is None:
@@ -125,11 +131,13 @@ def attend_at(q, k, v, key_padding_mask, causal, alibi, bias, pattern, pattern_a
     if causal:
         visible = visible & (query_idx[:, None] >= key_idx[None, :])
     visible = visible.reshape(-1, 1, *visible.shape[-2:])  # (1 or batch, 1, queries, keys)
-    if key_padding_mask is not None:
-        visible = visible & key_padding_mask[:, None, None, :].bool()
+    if ctx.padding is not None:
+        visible = visible & ctx.padding[:, None, None, :].bool()
+    if ctx.documents is not None:
+        visible = visible & same_document(ctx.documents[:, -q.shape[2]:], ctx.documents)
     additive = alibi_bias_at(query_idx, key_idx, q.shape[1]) if alibi else torch.zeros((), device=q.device)
-    if bias is not None:
-        additive = additive + bias.float()
+    if ctx.bias is not None:
+        additive = additive + ctx.bias.float()
     additive = additive.masked_fill(~visible, float("-inf"))
     if pattern_args.get("topk") is not None:
         y = eager_attention(q, k, v, dropout_p=dropout_p, topk=pattern_args["topk"], bias=additive, scale=scale)
@@ -175,31 +183,28 @@ class SelfAttention(nn.Module):
         scale = parametrization(config).attention_scale(config)  # None: 1/sqrt(head_dim)
         self.scale = {} if scale is None else {"scale": scale}  # every kernel call gets it
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, cache: LayerCache | None = None,
-                value_embedding: torch.Tensor | None = None, positions=None) -> torch.Tensor:
-        """bias: an additive score bias shared by the layers (the T5 relative-position bias), or None.
-        cache: this layer's KV cache slot when generating (x holds only the tokens after the cached ones, at
-        positions cache.past onwards; with an empty cache, the prompt, the kernel runs as without one).
-        value_embedding: this layer's (batch, seq, hidden) value embedding (value_embeddings.py), or None.
-        positions: where x's rows sit when not at their indices (rotary.Positions: token dropping's subset, or the
-        caller's position_ids), or None; rotary turns by them, an absolute pattern (stepped) masks by them."""
+    def forward(self, x: torch.Tensor, ctx: Context = Context()) -> torch.Tensor:
+        """ctx: this forward's context (context.py). With a cache slot, x holds only the tokens after the cached
+        ones, at positions cache.past onwards (with an empty cache, the prompt, the kernel runs as without one).
+        Given positions, rotary turns by them and an absolute pattern (stepped) masks by them."""
         batch, seq_len, hidden = x.shape
         qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
-        if value_embedding is not None:
-            v = self.value_mix(v, value_embedding)
+        if ctx.value_embedding is not None:
+            v = self.value_mix(v, ctx.value_embedding)
         q, k, v = autocast_dtype(q, k, v)
         dropout_p = self.dropout if self.training else 0.0
+        cache = ctx.cache
         if self.rotary is not None:  # before the keys are cached: the cache keeps them turned
-            q, k = self.rotary(q, k, 0 if cache is None else cache.past, positions)
+            q, k = self.rotary(q, k, 0 if cache is None else cache.past, ctx.positions)
         if cache is not None:
             k, v = cache.append(k, v)
-        if (cache is not None and cache.past) or (positions is not None and self.pattern.absolute):
-            y = attend_at(q, k, v, key_padding_mask, self.causal, self.alibi, bias, self.pattern, self.pattern_args,
-                          positions, dropout_p, **self.scale)
+        if (cache is not None and cache.past) or (ctx.positions is not None and self.pattern.absolute):
+            y = attend_at(q, k, v, ctx, self.causal, self.alibi, self.pattern, self.pattern_args, dropout_p,
+                          **self.scale)
         else:
-            y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal, alibi=self.alibi,
-                            dropout_p=dropout_p, bias=bias, **self.pattern_args, **self.scale)
+            documents = {} if ctx.documents is None else {"documents": ctx.documents}
+            y = self.kernel(q, k, v, key_padding_mask=ctx.padding, causal=self.causal, alibi=self.alibi,
+                            dropout_p=dropout_p, bias=ctx.bias, **documents, **self.pattern_args, **self.scale)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .attention import SelfAttention
+from .context import Context
 from .ffn import FFNS
 from .gmlp import GMLPBlock, linear_flops
 from .norms import build_norm
@@ -48,11 +49,10 @@ class TransformerBlock(nn.Module):
         4 * seq * hidden, half of it when causal (FlashAttention's convention: the masked half is skipped)."""
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, bias=None,
-                cache=None, value_embedding=None, positions=None) -> torch.Tensor:
-        """positions: the rows' positions in the sequence when x holds a subset of its tokens (rotary.Positions)."""
+    def forward(self, x: torch.Tensor, ctx: Context = Context()) -> torch.Tensor:
+        """ctx: this forward's context (context.py), which the attention reads."""
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), key_padding_mask, bias, cache, value_embedding, positions))
+            x = x + self.dropout(self.attn(self.norm1(x), ctx))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, key_padding_mask, bias, cache, value_embedding, positions)))
+        x = self.norm1(x + self.dropout(self.attn(x, ctx)))
         return self.norm2(x + self.dropout(self.ffn(x)))

@@ -104,17 +104,17 @@ class CrammedForReplacedTokenDetection(CrammedPreTrainedModel):
         self._tied_weights_keys = tied  # saved once, under the discriminator's names
 
     def forward(self, input_ids, attention_mask=None, labels=None, replace_draws=None, return_dict=None,
-                **unused) -> ReplacedTokenDetectionOutput:
+                document_ids=None, **unused) -> ReplacedTokenDetectionOutput:
         """labels: MLM labels (the original ids at the masked positions, -100 elsewhere); without them, the
         discriminator's logits on input_ids as they are. replace_draws: uniforms shaped like input_ids, read at the
-        masked positions (None: drawn from torch's generator)."""
+        masked positions (None: drawn from torch's generator). document_ids: both encoders' (CrammedModel's)."""
         if labels is None:
-            return ReplacedTokenDetectionOutput(logits=self.discriminate(input_ids, attention_mask))
+            return ReplacedTokenDetectionOutput(logits=self.discriminate(input_ids, attention_mask, document_ids))
         generator_loss, sampled, selected = self.generate_replacements(input_ids, attention_mask, labels,
-                                                                       replace_draws)
+                                                                       replace_draws, document_ids)
         corrupted = input_ids.reshape(-1).masked_scatter(selected, sampled).reshape(input_ids.shape)
         replaced = corrupted != torch.where(labels == -100, input_ids, labels)
-        logits = self.discriminate(corrupted, attention_mask)
+        logits = self.discriminate(corrupted, attention_mask, document_ids)
         per_token = F.binary_cross_entropy_with_logits(logits.float(), replaced.float(), reduction="none")
         real = attention_mask.bool() if attention_mask is not None else torch.ones_like(replaced)
         detection_loss = per_token[real].mean()
@@ -123,14 +123,14 @@ class CrammedForReplacedTokenDetection(CrammedPreTrainedModel):
                                             generator_loss=generator_loss.detach(),
                                             detection_loss=detection_loss.detach())
 
-    def discriminate(self, input_ids, attention_mask) -> torch.Tensor:
-        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
+    def discriminate(self, input_ids, attention_mask, document_ids=None) -> torch.Tensor:
+        hidden = self.encoder(input_ids, attention_mask, document_ids=document_ids).last_hidden_state
         return self.detector(hidden).squeeze(-1)
 
-    def generate_replacements(self, input_ids, attention_mask, labels, replace_draws):
+    def generate_replacements(self, input_ids, attention_mask, labels, replace_draws, document_ids=None):
         """(generator MLM loss, a sampled token per masked position in row-major order, the flat masked mask)."""
         generator = self.generator
-        hidden = generator.encoder(input_ids, attention_mask).last_hidden_state
+        hidden = generator.encoder(input_ids, attention_mask, document_ids=document_ids).last_hidden_state
         selected = labels.reshape(-1) != -100
         rows = generator.transform(hidden.reshape(-1, hidden.shape[-1])[selected])
         logits = head_logits(rows, generator.decoder, generator.config.logit_softcap, generator.logit_multiplier)

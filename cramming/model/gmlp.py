@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from .attention import ATTENTION_KERNELS
+from .context import Context
 from .ffn import ACTIVATIONS
 from .linear import LinearMethods, build_linear
+from .masks import same_document
 from .norms import build_norm
 from .registry import invalid
 
@@ -37,9 +39,10 @@ class TinyAttention(nn.Module):
         projections = 2 * (self.qkv.weight.numel() + self.out.weight.numel())
         return projections + 4 * seq_len * self.dim // (2 if self.causal else 1)
 
-    def forward(self, x, key_padding_mask=None):
+    def forward(self, x, ctx: Context = Context()):
         q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
-        y = self.kernel(q, k, v, key_padding_mask=key_padding_mask, causal=self.causal)
+        documents = {} if ctx.documents is None else {"documents": ctx.documents}
+        y = self.kernel(q, k, v, key_padding_mask=ctx.padding, causal=self.causal, **documents)
         return self.out(y.squeeze(1))
 
 
@@ -81,25 +84,28 @@ class GMLPBlock(nn.Module):
         tiny = self.tiny_attention.flops_per_token(seq_len) if self.tiny_attention is not None else 0
         return linear_flops(self) + 2 * seq_len * self.half + tiny
 
-    def gate(self, x, key_padding_mask, positions=None):
+    def gate(self, x, ctx: Context):
         seq_len = x.shape[1]
         u, v = self.act(self.up(x)).chunk(2, dim=-1)
         v = self.gate_norm(v)
-        if key_padding_mask is not None:  # padding must not leak into real positions through the mixing
-            v = v * key_padding_mask[..., None].to(v.dtype)
+        if ctx.padding is not None:  # padding must not leak into real positions through the mixing
+            v = v * ctx.padding[..., None].to(v.dtype)
         weight, bias = self.spatial[:seq_len, :seq_len], self.spatial_bias[:seq_len, None]
-        if positions is not None:  # each row's own (position_ids): a left-padded row mixes as it would alone
-            ids = positions.ids
+        if ctx.positions is not None:  # each row's own (position_ids): a left-padded row mixes as it would alone
+            ids = ctx.positions.ids
             weight, bias = self.spatial[ids[:, :, None], ids[:, None, :]], self.spatial_bias[ids][..., None]
         if self.causal:
             weight = weight.tril()  # by index: the real tokens' order, whatever padding precedes them
+        if ctx.documents is not None:  # each document mixes only its own positions, as it would alone
+            weight = weight * same_document(ctx.documents, ctx.documents)[:, 0].to(weight.dtype)
         v = torch.matmul(weight.to(v.dtype), v) + bias.to(v.dtype)  # (seq or batch x seq, seq) @ (batch, seq, d)
         if self.tiny_attention is not None:
-            v = v + self.tiny_attention(x, key_padding_mask)
+            v = v + self.tiny_attention(x, ctx)
         return self.down(u * v)
 
-    def forward(self, x, key_padding_mask=None, bias=None, positions=None):
-        """positions: rotary.Positions of the caller's position_ids, or None for rows 0 .. seq - 1."""
+    def forward(self, x, ctx: Context = Context()):
+        """ctx: this forward's context (context.py): padding, positions (position_ids: each row's own rows of the
+        spatial matrix), documents."""
         if self.pre_norm:
-            return x + self.dropout(self.gate(self.norm(x), key_padding_mask, positions))
-        return self.norm(x + self.dropout(self.gate(x, key_padding_mask, positions)))
+            return x + self.dropout(self.gate(self.norm(x), ctx))
+        return self.norm(x + self.dropout(self.gate(x, ctx)))

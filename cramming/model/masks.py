@@ -6,7 +6,9 @@
 - stepped: fixed blocks of `stepped` tokens; a query sees the keys of its own block and of the previous one;
 - alibi: add -slope_h * |i - j| to the scores of head h (Press et al. 2022, symmetric as in MosaicBERT);
 - bias: any additive (1 or batch, heads, seq, seq) score bias (the T5 relative-position bias);
-- topk: keep only the k largest scores of each query before the softmax (needs the scores: eager only).
+- topk: keep only the k largest scores of each query before the softmax (needs the scores: eager only);
+- documents: (batch, seq) document ids of a packed row: a query sees only keys of its own document
+  (data.document_masking).
 A query that sees no key at all gets a zero output, as PyTorch's SDPA does.
 """
 
@@ -25,9 +27,9 @@ def alibi_slopes(num_heads: int) -> list[float]:
 
 
 def visible_keys(seq_len: int, causal: bool, window: int | None, key_padding_mask, device,
-                 stepped: int | None = None) -> torch.Tensor | None:
+                 stepped: int | None = None, documents=None) -> torch.Tensor | None:
     """Which keys each query may see: a bool (batch or 1, 1, seq, seq) tensor, or None when all of them."""
-    if not causal and window is None and key_padding_mask is None and stepped is None:
+    if not causal and window is None and key_padding_mask is None and stepped is None and documents is None:
         return None
     pos = torch.arange(seq_len, device=device)
     offset = pos[:, None] - pos[None, :]  # query index minus key index
@@ -42,7 +44,14 @@ def visible_keys(seq_len: int, causal: bool, window: int | None, key_padding_mas
     visible = visible[None, None]
     if key_padding_mask is not None:
         visible = visible & key_padding_mask[:, None, None, :].bool()
+    if documents is not None:
+        visible = visible & same_document(documents, documents)
     return visible
+
+
+def same_document(query_documents: torch.Tensor, key_documents: torch.Tensor) -> torch.Tensor:
+    """(batch, 1, queries, keys) bool: the key is in the query's document."""
+    return (query_documents[:, :, None] == key_documents[:, None, :])[:, None]
 
 
 def alibi_bias(seq_len: int, num_heads: int, device) -> torch.Tensor:

@@ -17,6 +17,7 @@ from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPa
 
 from .block import BLOCKS, cache_refusal
 from .configuration_crammed import CrammedConfig
+from .context import Context, document_positions
 from .ffn import ACTIVATIONS
 from .gmlp import GMLPBlock
 from .inits import init_std
@@ -25,7 +26,6 @@ from .losses import LOSSES, head_logits
 from .norms import ScaleNorm, build_norm
 from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
-from .rotary import Positions
 from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
@@ -109,61 +109,83 @@ class CrammedModel(CrammedPreTrainedModel):
         self.tokens = value
 
     def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, keep=None, position_ids=None,
-                **unused) -> BaseModelOutput:
+                document_ids=None, **unused) -> BaseModelOutput:
         """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
         after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too.
-        keep: the (batch, k) positions the token-dropping layers update (token_dropping.py: the first of them, with
-        cross_first, reads every token); the other tokens skip those layers unchanged. None: every layer sees every
-        token.
+        keep: the (batch, k) positions the token-dropping layers update (dropped_layers); None: every layer sees
+        every token.
         position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
         counts). Generation passes them derived from the mask (kv_cache.position_ids_from_mask), so a left-padded
         prompt's tokens sit where they would alone: they pick the position table's rows, turn rotary and place
         stepped blocks. Distances (causality, windows, ALiBi, T5 buckets) count the tensor's indices, the same
-        between real tokens when padding is only on the left or the right."""
+        between real tokens when padding is only on the left or the right.
+        document_ids: (batch, seq) non-decreasing ids of the documents packed in each row (data.document_masking):
+        no token attends to another document's, and positions restart at each document (context.py)."""
         seq_len = input_ids.shape[1]
         past = 0 if cache is None else self.cache_length(cache, attention_mask, seq_len)
+        if document_ids is not None:
+            position_ids = self.document_position_ids(document_ids, position_ids, cache)
         where = token_positions(position_ids, attention_mask, past, seq_len)  # per-forward: every layer gets it
-        x = self.tokens(input_ids)
-        pos = self.positions(seq_len, past, None if where is None else where.ids)
-        if pos is not None:
-            x = x + pos.to(x.dtype)
-        x = self.embedding_project(self.dropout(self.embedding_norm(x)))
+        x = self.embed(input_ids, past, where)
         # A mask of all ones is the same as no mask; skipping it keeps the fused attention paths.
-        key_padding_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_padding_mask = attention_mask.bool()
+        padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        ctx = Context(padding=padding, positions=where, documents=document_ids)
         shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe.cache else None
         values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
-        outputs = []  # each block's output, for the U-net skips
-        dropping = dropping_layers(self.config) if keep is not None else None
-        for i, layer in enumerate(self.layers):
+
+        def at(i: int, base: Context = ctx) -> Context:
+            """Layer i's context: its score bias, cache slot and value embedding."""
             bias = shared_bias if self.rpe is None or self.config.rpe.cache else self.rpe(seq_len, past)
-            if self.unet is not None:
-                x = self.unet(i, x, outputs)
-            extra = {"value_embedding": values[i]} if i in values else {}
-            if cache is not None:
-                extra["cache"] = LayerCache(cache, i, past)
-            if where is not None:
-                extra["positions"] = where
-            cross = dropping is not None and i == dropping.start and self.config.token_dropping.cross_first
-            if dropping is not None and i == dropping.start:  # the dropped tokens wait here, as they are, until `last`
-                whole, whole_mask = x, key_padding_mask
-            if dropping is not None and i in dropping and not cross:  # the kept tokens alone, queries and keys
-                extra["positions"] = Positions(keep if where is None else where.ids.gather(1, keep), seq_len)
-                if i == dropping.start:
-                    x, key_padding_mask = self.kept(x, whole_mask, keep)
-            x = layer(x, key_padding_mask, bias, **extra)
-            if cross:  # the kept queries attended to every token: keep their rows (the reference's cross-attention)
-                x, key_padding_mask = self.kept(x, whole_mask, keep)
-            if dropping is not None and i == dropping.stop - 1:
-                x, key_padding_mask = scatter_tokens(whole, keep, x), whole_mask
-            outputs.append(x)
+            return base._replace(bias=bias, value_embedding=values.get(i),
+                                 cache=None if cache is None else LayerCache(cache, i, past))
+
+        dropping = dropping_layers(self.config) if keep is not None else None
+        if dropping is None:
+            x = self.run_layers(x, range(len(self.layers)), at)
+        else:
+            x = self.run_layers(x, range(dropping.start), at)
+            x = self.dropped_layers(x, keep, dropping, ctx, at)
+            x = self.run_layers(x, range(dropping.stop, len(self.layers)), at)
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
 
+    def embed(self, input_ids, past: int, where) -> torch.Tensor:
+        """Token embeddings plus the position table's rows (where the scheme has one), normalised and projected."""
+        x = self.tokens(input_ids)
+        pos = self.positions(input_ids.shape[1], past, None if where is None else where.ids)
+        if pos is not None:
+            x = x + pos.to(x.dtype)
+        return self.embedding_project(self.dropout(self.embedding_norm(x)))
+
+    def run_layers(self, x, layers: range, at) -> torch.Tensor:
+        """The blocks `layers` in turn, each with its context at(i); the U-net skips join the mirrored halves."""
+        outputs = []  # each block's output, for the U-net skips (never with token dropping: token_dropping.problem)
+        for i in layers:
+            if self.unet is not None:
+                x = self.unet(i, x, outputs)
+            x = self.layers[i](x, at(i))
+            outputs.append(x)
+        return x
+
+    def dropped_layers(self, x, keep, layers: range, ctx: Context, at) -> torch.Tensor:
+        """Token dropping's layers [first, last) update only the kept tokens; the dropped ones wait as they are and
+        rejoin after them (token_dropping.py). With cross_first the first of them reads every token as keys and
+        values, and only the kept queries' rows go on (the reference's cross-attention)."""
+        kept, first = ctx.kept(keep, x.shape[1]), layers.start
+        if self.config.token_dropping.cross_first:
+            y = gather_tokens(self.layers[first](x, at(first)), keep)
+        else:
+            y = self.layers[first](gather_tokens(x, keep), at(first, kept))
+        for i in layers[1:]:
+            y = self.layers[i](y, at(i, kept))
+        return scatter_tokens(x, keep, y)
+
     @staticmethod
-    def kept(x, key_padding_mask, keep):
-        """The kept tokens' rows of the hidden state and of the padding mask (None stays None)."""
-        return gather_tokens(x, keep), None if key_padding_mask is None else gather_tokens(key_padding_mask, keep)
+    def document_position_ids(document_ids, position_ids, cache):
+        """The positions of a row of packed documents: restarting at each document, unless given."""
+        if cache is not None:
+            raise ValueError("document_ids are for training and scoring whole packed rows, not for generating with "
+                             "a KV cache; generate each document on its own")
+        return document_positions(document_ids) if position_ids is None else position_ids
 
     def cache_length(self, cache, attention_mask, seq_len: int) -> int:
         """How many tokens the cache holds, after checking that these blocks can use one (block.cache_refusal)."""
@@ -210,12 +232,14 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     def set_output_embeddings(self, value):
         self.decoder = value
 
-    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> MaskedLMOutput:
+    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, document_ids=None,
+                **unused) -> MaskedLMOutput:
         """With arch.token_dropping, a training forward with labels drops tokens from the middle layers and moves
-        the importance averages by its per-token losses; every other forward sees the whole sequence."""
+        the importance averages by its per-token losses; every other forward sees the whole sequence.
+        document_ids: CrammedModel's (data.document_masking)."""
         dropping = self.token_importance is not None and self.training and labels is not None
         keep = self.token_importance.choose(input_ids, attention_mask) if dropping else None
-        hidden = self.encoder(input_ids, attention_mask, keep=keep).last_hidden_state
+        hidden = self.encoder(input_ids, attention_mask, keep=keep, document_ids=document_ids).last_hidden_state
         if labels is None:
             return MaskedLMOutput(logits=head_logits(self.transform(hidden), self.decoder, self.config.logit_softcap,
                                                      self.logit_multiplier))
@@ -293,13 +317,14 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         return cache if cache is not None else DynamicCache(config=self.config)
 
     def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, logits_to_keep=0,
-                position_ids=None, return_dict=None, **kwargs) -> CausalLMOutputWithPast:
+                position_ids=None, return_dict=None, document_ids=None, **kwargs) -> CausalLMOutputWithPast:
         """With `use_cache=True` or a cache given (under the name transformers uses, kv_cache.CACHE_KEY), the
         cache is filled and returned; input_ids are then the tokens after the cached ones. logits_to_keep: the
         last positions whose logits are computed (0: all); generate asks for 1, sparing the vocabulary projection
-        of every other position, with or without a cache. position_ids: CrammedModel.forward's."""
+        of every other position, with or without a cache. position_ids, document_ids: CrammedModel.forward's."""
         cache = self.cache_to_use(kwargs.get(CACHE_KEY), use_cache)
-        hidden = self.encoder(input_ids, attention_mask, cache=cache, position_ids=position_ids).last_hidden_state
+        hidden = self.encoder(input_ids, attention_mask, cache=cache, position_ids=position_ids,
+                              document_ids=document_ids).last_hidden_state
         if labels is None:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = head_logits(hidden[:, keep], self.decoder, self.config.logit_softcap, self.logit_multiplier)

@@ -39,13 +39,14 @@ class MaskedLM:
     special: torch.Tensor
     masking: str = "token"  # train.masking
     context: MaskContext | None = None  # what the masking reads besides the ids (word starts, span parameters)
+    document_sep: int | None = None  # data.document_masking: the id closing each packed document; None = off
     head = CrammedForMaskedLM  # the pretraining model (a class attribute, not a field)
     scores_masked_only = True  # the sparse head (arch.sparse_prediction) decodes only the masked positions
 
     def batch(self, ids: torch.Tensor, generator) -> dict:
         inputs, labels = mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
                                      self.mask_token_share, generator, self.masking, self.context)
-        return {"input_ids": inputs, "labels": labels}
+        return {"input_ids": inputs, "labels": labels, **documents_of(ids, self.document_sep)}
 
     @staticmethod
     def scored(out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,11 +68,12 @@ class CausalLM:
     special: torch.Tensor | None = None
     masking: str = "token"
     context: MaskContext | None = None
+    document_sep: int | None = None
     head = CrammedForCausalLM
     scores_masked_only = False
 
     def batch(self, ids: torch.Tensor, generator) -> dict:
-        return {"input_ids": ids, "labels": ids}
+        return {"input_ids": ids, "labels": ids, **documents_of(ids, self.document_sep)}
 
     @staticmethod
     def scored(out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,9 +112,19 @@ class ReplacedTokenDetection(MaskedLM):
         return None
 
 
-def build_objective(name: str, cfg_train, meta: dict, device, tokenizer=None):
+def documents_of(ids: torch.Tensor, sep: int | None) -> dict:
+    """{"document_ids": ...} for the model when documents are kept apart (sep: the id that closes each document in
+    the packed stream, data/prepare.py), else {}. A separator belongs to the document it closes; the ids are read
+    before any masking, so a masked separator still ends its document."""
+    if sep is None:
+        return {}
+    closes = ids == sep
+    return {"document_ids": closes.cumsum(-1) - closes.long()}
+
+
+def build_objective(name: str, cfg_train, meta: dict, device, tokenizer=None, documents: bool = False):
     """The objective `name` masking as cfg_train says; train.masking=whole-word reads the word starts from
-    `tokenizer` (the data folder's)."""
+    `tokenizer` (the data folder's); documents (data.document_masking) gives the model each row's document ids."""
     special = torch.tensor(list(meta["special_ids"].values()), device=device)
     context = MaskContext(special, span_p=cfg_train.span.p, span_max_length=cfg_train.span.max_length)
     if cfg_train.masking == "whole-word" and name != "clm":
@@ -122,5 +134,6 @@ def build_objective(name: str, cfg_train, meta: dict, device, tokenizer=None):
         context.starts_word = word_starts(tokenizer, size).to(device)
     return OBJECTIVES.get_or_explain(name)(cfg_train.mask_prob, cfg_train.mask_token_share,
                                            meta["special_ids"]["mask"], meta["vocab_size"], special,
-                                           cfg_train.masking, context)
+                                           cfg_train.masking, context,
+                                           meta["special_ids"]["sep"] if documents else None)
 
