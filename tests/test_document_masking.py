@@ -157,3 +157,22 @@ def test_training_passes_the_gradient_only_within_documents():
     grad = embeddings.grad[0].abs().sum(-1)
     assert grad[spans()[0]].max() == 0 and grad[spans()[1]].max() == 0
     assert grad[spans()[2]][:-1].min() > 0  # its closing separator predicts nothing and no earlier token reads it
+
+
+@pytest.mark.slow
+def test_the_option_reaches_the_model_from_the_command_line(tmp_path):
+    """Two three-step runs from one seed on the same rows (sanity documents span 50-300 words, so many rows hold a
+    boundary): the weights differ only if the document ids reached the attention; a bad value is one line."""
+    from conftest import one_line_error, run_pretrain
+    from safetensors.torch import load_file
+
+    weights = {}
+    for on in ("true", "false"):
+        result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
+                              "train.max_steps=3", f"data.document_masking={on}", "name=docs",
+                              run_dir=tmp_path / on)
+        assert result.returncode == 0, result.stderr[-3000:]
+        weights[on] = load_file(tmp_path / on / "checkpoint" / "model.safetensors")
+    assert any(not torch.equal(weights["true"][k], weights["false"][k]) for k in weights["true"])
+    one_line_error(run_pretrain("data.document_masking=sometimes", run_dir=tmp_path / "bad"),
+                   "data.document_masking")
