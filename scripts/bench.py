@@ -12,6 +12,8 @@ Sections (each module's docstring in scripts/bench_sections/ says how it measure
   5. gpu       (CUDA only) scripts/bench_kernels.py and end-to-end crammed-bert bf16 + compile tokens/s and MFU
   6. generate  gpt-tiny greedy generation with the KV cache vs recomputing the prefix (use_cache=False), same tokens
   7. token-dropping  training steps with arch.token_dropping.keep=0.5 vs without, same model and batches, in turn
+  8. documents  training steps with data.document_masking=true vs without (crammed-bert-tiny MLM, gpt-tiny CLM),
+               same model and packed batches of several documents a row, in turn
 Machines are noisy: measurements alternate between the two sides and medians count; every figure is a ratio against
 a reference timed in the same run. Every ratio is printed with its target and PASS / FAIL, the results go to
 <out>/bench.json and <out>/bench.md, and --write-docs replaces the block between the bench markers in that file.
@@ -21,6 +23,7 @@ a reference timed in the same run. Every ratio is printed with its target and PA
     python scripts/bench.py --sections train,data              # a subset
     python scripts/bench.py --sections generate --out /tmp/g   # the KV cache speed-up alone (3 minutes on 2 cores)
     python scripts/bench.py --sections token-dropping          # token dropping's training speed-up alone
+    python scripts/bench.py --sections documents               # what document masking costs in training speed
 """
 
 import argparse
@@ -35,10 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
-SECTIONS = ["train", "quality", "data", "finetune", "gpu", "generate", "token-dropping"]
+SECTIONS = ["train", "quality", "data", "finetune", "gpu", "generate", "token-dropping", "documents"]
 TITLES = {"train": "1. Training throughput and MFU", "quality": "2. Quality per budget",
           "data": "3. Data preparation", "finetune": "4. Fine-tuning throughput", "gpu": "5. GPU",
-          "generate": "6. Generation with the KV cache", "token-dropping": "7. Token dropping"}
+          "generate": "6. Generation with the KV cache", "token-dropping": "7. Token dropping",
+          "documents": "8. Document masking"}
 NEEDS_SHARED = {"quality", "data", "finetune"}
 DEFAULT_SHARED = Path(os.environ.get("CRAMMING_SHARED", REPO.parent / "shared")) / "data"
 
@@ -112,7 +116,7 @@ def write_docs(path: Path, markdown: str) -> None:
 
 
 def run_section(name: str, args, work: Path, res: dict, device) -> dict:
-    from bench_sections import finetune, generate, gpu, prep, quality, token_dropping, train
+    from bench_sections import documents, finetune, generate, gpu, prep, quality, token_dropping, train
 
     if name == "train":
         return train.run(args, device)
@@ -120,6 +124,8 @@ def run_section(name: str, args, work: Path, res: dict, device) -> dict:
         return generate.run(args, device)
     if name == "token-dropping":
         return token_dropping.run(args, device)
+    if name == "documents":
+        return documents.run(args, device)
     if name == "data":
         return prep.run(args, work)
     if name == "quality":
@@ -152,7 +158,7 @@ def main(argv=None) -> int:
     res = {"smoke": args.smoke, "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "machine": common.machine(), "sections": {}, "targets": []}
     print(f"bench: {common.describe(res['machine'])}", flush=True)
-    order = [s for s in ["train", "data", "quality", "finetune", "gpu", "generate", "token-dropping"]
+    order = [s for s in ["train", "data", "quality", "finetune", "gpu", "generate", "token-dropping", "documents"]
              if s in args.sections]
     with tempfile.TemporaryDirectory(prefix="cramming-bench-") as tmp:
         for name in order:

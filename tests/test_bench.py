@@ -30,10 +30,10 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
     data = json.loads((tmp_path / "out" / "bench.json").read_text(encoding="utf-8"))
     assert data["smoke"] is True and {"cpu", "torch", "transformers", "date"} <= data["machine"].keys()
     sections = data["sections"]
-    assert list(sections) == ["train", "data", "quality", "finetune", "gpu", "generate", "token-dropping"]
+    assert list(sections) == ["train", "data", "quality", "finetune", "gpu", "generate", "token-dropping", "documents"]
     assert all(s["status"] in ("ok", "smoke-cpu") for s in sections.values()), {k: s.get("error") for k, s in sections.items()}
     assert {t["section"] for t in data["targets"]} == {"train", "data", "quality", "finetune", "gpu", "generate",
-                                                        "token-dropping"}
+                                                        "token-dropping", "documents"}
     for t in data["targets"]:
         assert isinstance(t["value"], float) and t["value"] > 0, t
         assert t["status"] in {"PASS", "FAIL", "INFO"}, t
@@ -56,6 +56,11 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
     assert dropping["keep"] == 0.5 and dropping["predicted"] > 1
     assert all(r["speedup"] > 0 for r in dropping["results"].values())
     assert "### 7. Token dropping" in block
+    documents = sections["documents"]  # both objectives, with and without masking, timed in turn on packed rows
+    assert documents["documents_per_row"] > 1 and set(documents["cases"]) == {"crammed-bert-tiny", "gpt-tiny"}
+    assert [c["objective"] for c in documents["cases"].values()] == ["mlm", "clm"]
+    assert all(r["ratio"] > 0 for c in documents["cases"].values() for r in c["results"].values())
+    assert "### 8. Document masking" in block
     assert "wrote the bench block" in result.stdout
 
 
