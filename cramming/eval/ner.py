@@ -16,7 +16,16 @@ from .ner_metrics import entity_scores, valid_tag
 from .tasks import HubUnreachable, TaskData, offline_flag, offline_reason
 from . import tokens  # noqa: F401  registers the "tokens" head (finetune.HEADS)
 
-HUB_DATASETS = {"conll2003": "eriktks/conll2003"}  # eval.tasks -> the hub dataset without eval.data_dir
+
+
+@dataclass(frozen=True)
+class NerTask:
+    """CoNLL-format named-entity recognition (docs/ner.md): eval.data_dir's train and dev files, else the hub's."""
+
+    hub: str  # the hub dataset read without eval.data_dir
+
+
+NER_TASKS = {"conll2003": NerTask("eriktks/conll2003")}  # eval.tasks of eval=ner (CoNLL-2003 English)
 # Accepted file names in eval.data_dir, first found wins: the hub zip's, the original release's (eng.*), plain.
 TRAIN_FILES = ("train.txt", "eng.train", "train")
 DEV_FILES = ("valid.txt", "dev.txt", "eng.testa", "testa", "testa.txt", "valid", "dev")
@@ -103,7 +112,7 @@ def _load_local(task: str, folder: Path):
 def _load_hub(task: str):
     """`load_dataset(<id>)`: splits train and validation, tags as `ner_tags` indices into the feature's names.
     Datasets 4+ no longer runs loading scripts; the hub's parquet conversion of a script dataset is tried then."""
-    dataset_id = HUB_DATASETS[task]
+    dataset_id = NER_TASKS[task].hub
     reason = offline_reason()
     if reason and not offline_flag():
         raise HubUnreachable(task, f"the hub dataset {dataset_id!r} is unreachable ({reason}); "
@@ -145,14 +154,14 @@ def load_ner_task(task: str, data_dir: str | None) -> TaskData:
 
 @BENCHMARKS.register_one("ner")
 class Ner(Custom):
-    """Token classification: one task, no benchmark average; its data errors are never skipped."""
+    """Named-entity recognition (docs/ner.md): a tag per word, entity-level F1; no average, errors never skipped."""
 
     title = "NER"
     summary_key = "ner"
     columns = (("CoNLL-2003", "conll2003"),)
 
     def validate(self, e) -> None:
-        _check_task_list(e, HUB_DATASETS, "NER")
+        _check_task_list(e, NER_TASKS, "NER")
 
     def trained(self, e) -> list[str]:
         return list(e.tasks)
