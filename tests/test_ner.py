@@ -135,6 +135,36 @@ def test_the_hub_offline_is_one_line(monkeypatch):
     assert "\n" not in str(caught.value)
 
 
+def test_the_hub_rows_become_sentences_with_the_features_tag_names(monkeypatch):
+    """Mocked `load_dataset`: the hub's script dataset fails under datasets 4+, then its parquet conversion is read;
+    tags come from the ClassLabel names, as eriktks/conll2003 declares them."""
+    import datasets
+
+    names = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+    features = datasets.Features({"tokens": datasets.List(datasets.Value("string")),
+                                  "ner_tags": datasets.List(datasets.ClassLabel(names=names))})
+    train = datasets.Dataset.from_dict({"tokens": [["EU", "rejects", "German"], [], ["Bob", "Smith"]],
+                                        "ner_tags": [[3, 0, 7], [], [1, 2]]},
+                                       features=features)
+    dev = datasets.Dataset.from_dict({"tokens": [["Peter", "Blackburn"]], "ner_tags": [[1, 2]]}, features=features)
+    calls = []
+
+    def load_dataset(path, **kwargs):
+        calls.append((path, kwargs))
+        if not kwargs:
+            raise RuntimeError("Dataset scripts are no longer supported, but found conll2003.py")
+        return datasets.DatasetDict({"train": train, "validation": dev})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    task = load_ner_task("conll2003", None)
+    assert calls == [("eriktks/conll2003", {}), ("eriktks/conll2003", {"revision": "refs/convert/parquet"})]
+    assert [(s.words, s.tags) for s in task.train] == [(["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]),
+                                                       (["Bob", "Smith"], ["B-PER", "I-PER"])]  # empty rows dropped
+    assert [s.tags for s in task.dev["dev"]] == [["B-PER", "I-PER"]]
+    assert task.source == "hub:eriktks/conll2003" and task.label_names == ["O", "B-MISC", "B-ORG", "B-PER", "I-PER"]
+    assert task.dev["dev"][0].at(1) == "hub:eriktks/conll2003 validation row 0"
+
+
 def test_ner_refuses_unknown_tasks():
     with pytest.raises(UserError, match=r"eval\.tasks='wnut' is not a valid option; choose one of: conll2003"):
         BENCHMARKS["ner"].validate(EvalConfig(kind="ner", tasks=["wnut"]))
