@@ -14,7 +14,7 @@ from cramming.eval.benchmarks import BENCHMARKS
 from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
 from cramming.eval.tasks import HubUnreachable
-from cramming.eval.tokens import IGNORED, encode_words, predict_tags
+from cramming.eval.tokens import IGNORED, encode_words, predict_tags, token_loss
 
 TRAIN = """-DOCSTART- -X- -X- O
 
@@ -103,19 +103,20 @@ def test_a_malformed_file_is_one_error_naming_file_and_line(tmp_path, text, mess
         read_conll(write(tmp_path, "train.txt", text))
 
 
-def test_label_set_is_the_train_tags_with_o_first(tmp_path):
-    write(tmp_path, "train.txt", TRAIN)
-    write(tmp_path, "valid.txt", "Peter I-PER\n")
+def test_labels_are_o_then_both_prefixes_of_every_train_type(tmp_path):
+    write(tmp_path, "train.txt", TRAIN)  # IOB1: only I- tags
+    write(tmp_path, "valid.txt", "Peter B-PER\n")  # a B- the train file never writes is still a label
     task = load_ner_task("conll2003", str(tmp_path))
-    assert task.label_names == ["O", "I-MISC", "I-ORG", "I-PER"]
+    assert task.label_names == ["O", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     assert task.head == "tokens" and task.main_metric == "f1" and list(task.dev) == ["dev"]
     assert task.scorer("dev", [["O"]], task.dev["dev"])["recall"] == 0.0
 
 
-def test_a_dev_tag_outside_the_train_set_names_its_file_and_line(tmp_path):
+def test_a_dev_type_outside_the_train_types_names_its_file_and_line(tmp_path):
     write(tmp_path, "train.txt", TRAIN)
     write(tmp_path, "eng.testa", "-DOCSTART- -X- -X- O\n\nx X X O\n\nParis NNP B-NP I-PER\nis VBZ B-VP O\nsunny JJ B-NP I-LOC\n")
-    with pytest.raises(UserError, match=r"eng\.testa line 7: tag 'I-LOC' does not occur in the train data"):
+    with pytest.raises(UserError, match=r"eng\.testa line 7: tag 'I-LOC': its type 'LOC' does not occur in the train "
+                                        r"data \(.*train\.txt; its types: MISC, ORG, PER\)"):
         load_ner_task("conll2003", str(tmp_path))
 
 
@@ -161,7 +162,7 @@ def test_the_hub_rows_become_sentences_with_the_features_tag_names(monkeypatch):
     assert [(s.words, s.tags) for s in task.train] == [(["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]),
                                                        (["Bob", "Smith"], ["B-PER", "I-PER"])]  # empty rows dropped
     assert [s.tags for s in task.dev["dev"]] == [["B-PER", "I-PER"]]
-    assert task.source == "hub:eriktks/conll2003" and task.label_names == ["O", "B-MISC", "B-ORG", "B-PER", "I-PER"]
+    assert task.source == "hub:eriktks/conll2003" and task.label_names == ["O", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     assert task.dev["dev"][0].at(1) == "hub:eriktks/conll2003 validation row 0"
 
 
@@ -213,3 +214,14 @@ def test_truncated_words_are_unseen_and_predicted_o():
 
     tags = predict_tags(model, encoded, list(LABELS), 0, 4, "cpu", contextlib.nullcontext)
     assert tags == [["B-ORG", "B-MISC", "B-MISC", "O"]]  # the truncated "call" is O, read from no logits
+
+
+def test_the_loss_is_the_mean_over_first_pieces_and_zero_without_any():
+    logits = torch.randn(2, 4, 3, requires_grad=True)
+    labels = torch.tensor([[IGNORED, 1, IGNORED, 2], [IGNORED, 0, IGNORED, IGNORED]])
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORED)
+    assert token_loss(logits, labels).item() == pytest.approx(expected.item())
+    empty = token_loss(logits, torch.full((2, 4), IGNORED))  # every word of the batch dropped by the tokenizer
+    assert empty.item() == 0.0
+    empty.backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))

@@ -76,7 +76,7 @@ def test_ner_end_to_end(smoke_checkpoint, data_dir, tmp_path):
     (lambda d: (d / "valid.txt").write_text(conll(SENTENCES).replace("Blackburn NNP I-NP I-PER", "Blackburn I-PER")),
      ["valid.txt line 10: 2 columns, expected 4 (as on line 3"]),
     (lambda d: (d / "valid.txt").write_text(conll(SENTENCES).replace("BRUSSELS NNP B-NP I-LOC", "BRUSSELS NNP B-NP I-GPE")),
-     ["valid.txt line 12: tag 'I-GPE' does not occur in the train data"]),
+     ["valid.txt line 12: tag 'I-GPE': its type 'GPE' does not occur in the train data"]),
     (lambda d: (d / "valid.txt").unlink(), ["conll2003: no dev file in", "valid.txt, dev.txt, eng.testa"]),
 ])
 def test_bad_conll_input_is_one_line_exit_2_and_no_results(smoke_checkpoint, data_dir, tmp_path, mangle, fragments):

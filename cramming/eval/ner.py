@@ -2,8 +2,8 @@
 
 The column format: one word per line, columns separated by spaces (or tabs), the tag in the LAST column (CoNLL-2003:
 word, POS, chunk, NER), the same number of columns on every word line of a file; blank lines end sentences;
-`-DOCSTART-` lines (document boundaries) are skipped. Tags are IOB1 or IOB2 (ner_metrics.py). The label set is the
-train file's tags, `O` first, then sorted; a dev tag outside it is an error. Dev (CoNLL's testa) is scored; the
+`-DOCSTART-` lines (document boundaries) are skipped. Tags are IOB1 or IOB2 (ner_metrics.py). The labels are `O` and
+B-/I- of each entity type in the train file; a dev tag of another type is an error. Dev (CoNLL's testa) is scored; the
 test file (testb) is never read. The model is the token classifier of tokens.py.
 """
 
@@ -79,18 +79,22 @@ def read_conll(path: Path) -> list[Sentence]:
 
 
 def label_set(train: list[Sentence]) -> list[str]:
-    """The train tags, O first (it is the tag of a word the model never sees), then sorted."""
-    tags = {t for s in train for t in s.tags}
-    return ["O", *sorted(tags - {"O"})]
+    """O first (the tag of a word the model never sees), then B- and I- of every entity type in the train data, by
+    type. Both prefixes of a type, even one the train file never writes: in IOB1 (the original CoNLL-2003) `B-` is
+    rare, and a dev `B-PER` must not fail a run whose train file happens to hold only `I-PER`."""
+    kinds = sorted({t[2:] for s in train for t in s.tags if t != "O"})
+    return ["O", *(f"{prefix}-{kind}" for kind in kinds for prefix in "BI")]
 
 
 def check_dev_tags(dev: list[Sentence], labels: list[str], train_source: str) -> None:
+    """A dev entity type the train data never has could not be predicted: an error, at its line."""
     known = set(labels)
     for sentence in dev:
         for offset, tag in enumerate(sentence.tags):
             if tag not in known:
-                raise UserError(f"{sentence.at(offset)}: tag {tag!r} does not occur in the train data ({train_source}); the model "
-                                f"can only predict the train tags ({', '.join(labels)})")
+                kinds = ", ".join(dict.fromkeys(label[2:] for label in labels[1:])) or "none"
+                raise UserError(f"{sentence.at(offset)}: tag {tag!r}: its type {tag[2:]!r} does not occur in the train "
+                                f"data ({train_source}; its types: {kinds}), so the model could never predict it")
 
 
 def _find(folder: Path, names: tuple[str, ...], what: str, task: str) -> Path:

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from ..errors import UserError
@@ -76,6 +77,13 @@ def pad_labels(rows: list[list[int]], device) -> torch.Tensor:
     return out.to(device)
 
 
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the labelled pieces (first pieces), as the model's own loss; but 0, not nan, for a
+    batch without any (every word dropped by the tokenizer), so one such batch cannot poison the weights."""
+    total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORED, reduction="sum")
+    return total / labels.ne(IGNORED).sum().clamp(min=1)
+
+
 def predict_tags(model, encoded: EncodedWords, labels: list[str], pad_id, batch_size, device, autocast):
     """Each sentence's tags: the argmax at every word's first piece; O for a word without one."""
     out = [["O"] * len(firsts) for firsts in encoded.firsts]
@@ -107,7 +115,8 @@ def finetune_tokens(checkpoint, tokenizer, task, recipe, seed, runtime, random_i
     def batch_loss(batch):
         inputs = collate([train.ids[i] for i in batch], pad_id, device)
         with autocast():
-            return model(**inputs, labels=pad_labels([train.labels[i] for i in batch], device)).loss
+            logits = model(**inputs).logits
+        return token_loss(logits, pad_labels([train.labels[i] for i in batch], device))
 
     def predict(split):
         return predict_tags(model, dev[split], task.label_names, pad_id, recipe.batch_size, device, autocast)
