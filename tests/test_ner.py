@@ -9,7 +9,7 @@ import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from cramming.errors import UserError
-from cramming.eval.config import EvalConfig
+from cramming.eval.config import EvalConfig, EvalRunConfig, validate_eval
 from cramming.eval.benchmarks import BENCHMARKS
 from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
@@ -169,6 +169,11 @@ def test_the_hub_rows_become_sentences_with_the_features_tag_names(monkeypatch):
 def test_ner_refuses_unknown_tasks():
     with pytest.raises(UserError, match=r"eval\.tasks='wnut' is not a valid option; choose one of: conll2003"):
         BENCHMARKS["ner"].validate(EvalConfig(kind="ner", tasks=["wnut"]))
+    per_task = EvalConfig(kind="ner", tasks=["conll2003"], per_task={"wnut": {"epochs": 2}})
+    with pytest.raises(UserError, match=r"eval\.per_task\.wnut=.* wnut is not in eval\.tasks"):
+        validate_eval(EvalRunConfig(checkpoint="x", eval=per_task))
+    validate_eval(EvalRunConfig(checkpoint="x", eval=EvalConfig(kind="ner", tasks=["conll2003"],
+                                                                per_task={"conll2003": {"epochs": 2}})))
 
 
 # ---------------------------------------------------------------- first-piece alignment

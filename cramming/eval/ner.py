@@ -161,6 +161,7 @@ class Ner(Custom):
     """Named-entity recognition (docs/ner.md): a tag per word, entity-level F1; no average, errors never skipped."""
 
     title = "NER"
+    average_set = tuple(NER_TASKS)  # no average; listed so that eval.per_task names only tasks of eval.tasks
     summary_key = "ner"
     columns = (("CoNLL-2003", "conll2003"),)
 
