@@ -81,6 +81,7 @@ def components() -> dict[str, tuple]:
     from .config import PretrainConfig
     from .data.local_text import ENCODING_ERRORS
     from .eval.config import EvalRunConfig
+    from .eval.ner import NER_TASKS
     from .eval.superglue import SUPERGLUE_TASKS
     from .eval.tasks import GLUE_TASKS
     from .impl import COMPILE_MODES
@@ -90,7 +91,7 @@ def components() -> dict[str, tuple]:
     named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
             "data.encoding_errors": (dict.fromkeys(ENCODING_ERRORS), ()),
-            "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS}, ())}
+            "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS, **NER_TASKS}, ())}
 
 
 def accepts(key: str, cls, name: str, named: dict) -> str:
@@ -151,6 +152,7 @@ def schema_defaults():
     """Both commands' schemas with their defaults as Hydra composes them (interpolations unresolved)."""
     from .config import LATE_DEFAULTS, PretrainConfig
     from .eval.config import EvalRunConfig
+    from .eval.ner import NER_TASKS
     from .schema import defaults_node
 
     return (PretrainConfig, defaults_node(PretrainConfig, LATE_DEFAULTS)), (EvalRunConfig, defaults_node(EvalRunConfig))
