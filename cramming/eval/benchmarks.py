@@ -93,3 +93,5 @@ class Custom(Glue):
     def summarise(self, scores: dict, e) -> dict | None:
         return None
 
+
+from . import swag_race  # noqa: E402,F401  registers eval.kind swag and race (its own module)
