@@ -196,3 +196,48 @@ class _Config:
 def test_token_limit_is_the_position_table():
     assert token_limit(_Config("scaled-sinusoidal")) == 128 and token_limit(_Config("learned")) == 128
     assert token_limit(_Config("rotary")) is None
+
+
+# ---------------------------------------------------------------- hub (mocked: not run against the real hub)
+
+
+def test_the_hub_paths_ask_for_allenai_swag_and_ehovy_race(monkeypatch, tmp_path):
+    """Hub rows (SWAG: the CSV's columns with an int label; RACE: one row per question, the answer a letter) give
+    the same examples as the original files."""
+    import datasets
+
+    write_swag(tmp_path / "swag")
+    write_race(tmp_path / "race")
+    calls = []
+
+    def fake_load_dataset(path, config, split):
+        calls.append((path, config, split))
+        if path == "allenai/swag":
+            rows = read_csv_rows(tmp_path / "swag" / {"train": "train.csv", "validation": "val.csv"}[split])
+            return [row | {"label": int(row["label"])} for row in rows]
+        folder = tmp_path / "race" / {"train": "train", "validation": "dev"}[split] / config
+        records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.txt"))]
+        return [{"example_id": r["id"], "article": r["article"], "question": q, "options": o, "answer": a}
+                for r in records for q, o, a in zip(r["questions"], r["options"], r["answers"])]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("cramming.eval.swag_race.offline_reason", lambda: None)
+    hub, local = load_swag(None), load_swag(str(tmp_path / "swag"))
+    assert hub.train == local.train and hub.dev == local.dev and hub.source == "hub:allenai/swag/regular"
+    hub, local = load_race("race", None), load_race("race", str(tmp_path / "race"))
+    assert hub.train == local.train and hub.dev == local.dev and hub.source == "hub:ehovy/race"
+    assert sorted(calls) == sorted([("allenai/swag", "regular", s) for s in ("train", "validation")]
+                                   + [("ehovy/race", c, s) for c in ("high", "middle") for s in ("train", "validation")])
+
+
+def read_csv_rows(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_offline_without_a_folder_is_one_line():
+    """HF_HUB_OFFLINE=1 (conftest) and nothing cached: the hub's failure becomes one line saying what to pass."""
+    with pytest.raises(UserError, match=r"swag: the hub dataset 'allenai/swag' is unreachable .*eval.data_dir="):
+        load_swag(None)
+    with pytest.raises(UserError, match=r"race: the hub dataset 'ehovy/race' is unreachable .*eval.data_dir="):
+        load_race("race", None)
