@@ -75,11 +75,13 @@ def test_swag_reads_context_and_four_choices(tmp_path):
     (swag_row(1, 1)[:-2] + ["1"], "line 3: 11 fields, expected 12"),
 ])
 def test_a_bad_swag_row_names_its_file_and_line(tmp_path, row, fragment):
-    multiline = swag_row(0, 0, sent1="two\nlines")  # startphrase and sent1 hold a newline: lines 2-4, the bad one 5
+    """A row's line is where it starts: quoted fields may hold newlines (then CSV lines are not file lines)."""
     write_swag(tmp_path, [swag_row(0, 0), row])
     with pytest.raises(UserError, match=re.escape(f"train.csv {fragment}")):
         load_swag(str(tmp_path))
-    write_swag(tmp_path, [multiline, row])
+    multiline = swag_row(0, 0, sent1="two\nlines")  # startphrase and sent1 hold a newline: lines 2-4
+    spanning = [*row[:4], "a\nb", *row[5:]]  # the bad row: lines 5-6
+    write_swag(tmp_path, [multiline, spanning])
     with pytest.raises(UserError, match=re.escape(f"train.csv {fragment.replace('line 3', 'line 5')}")):
         load_swag(str(tmp_path))
 
@@ -154,10 +156,10 @@ def word_tokenizer() -> PreTrainedTokenizerFast:
 def test_the_context_is_cut_and_every_choice_survives():
     tokenizer = word_tokenizer()
     context = " ".join(f"w{i}" for i in range(30))
-    example = ChoiceExample(context, ["c0", "c1 c1", "c2", " ".join(["long"] * 12)], 1)
+    example = ChoiceExample(context, ["c0", "c1 c1", "c2 c2 c2 c2 c2 c2", " ".join(["long"] * 12)], 1)
     rows = encode_choices(tokenizer, [example], max_length=10)[0]
     assert all(len(r) == 10 for r in rows)
-    for row, choice in zip(rows[:3], ["c0", "c1 c1", "c2"]):
+    for row, choice in zip(rows[:3], example.choices):  # 6 words of 7 free places: one context word is left
         words = tokenizer.decode(row).split()
         assert words[-len(choice.split()) - 1:-1] == choice.split()  # the choice whole before the last [SEP]
         assert words[:2] == ["[CLS]", "w0"]  # the context's beginning kept, its end cut
@@ -166,15 +168,12 @@ def test_the_context_is_cut_and_every_choice_survives():
     assert batch["input_ids"].shape == (2, 4, 10) and batch["attention_mask"][1].sum(-1).tolist() == [5] * 4
 
 
-def test_accuracy_is_the_percentage_of_right_picks():
-    task = BENCHMARKS["swag"]  # noqa: F841  registered
-    from cramming.eval.tasks import TaskData
-    rows = [ChoiceExample("c", ["a"] * 4, label) for label in (0, 3, 2, 1, 1)]
-    data = TaskData("swag", rows, {"dev": rows}, list("ABCD"), ["accuracy"], "accuracy", "here",
-                    head="multiple-choice")
+def test_accuracy_is_the_percentage_of_right_picks(tmp_path):
+    rows = [swag_row(i, label) for i, label in enumerate((0, 3, 2, 1, 1))]
+    task = load_swag(str(write_swag(tmp_path, rows, rows)))
     picks = np.array([0, 3, 1, 1, 0])  # 3 of 5 right
-    assert score(data, "dev", picks, [r.label for r in rows]) == {"accuracy": pytest.approx(60.0)}
-    assert "multiple-choice" in HEADS
+    assert score(task, "dev", picks, [e.label for e in task.dev["dev"]]) == {"accuracy": pytest.approx(60.0)}
+    assert task.head in HEADS
 
 
 def test_benchmarks_refuse_unknown_or_overlapping_tasks():
