@@ -164,6 +164,8 @@ def test_the_context_is_cut_and_every_choice_survives():
         assert words[-len(choice.split()) - 1:-1] == choice.split()  # the choice whole before the last [SEP]
         assert words[:2] == ["[CLS]", "w0"]  # the context's beginning kept, its end cut
     assert "long" in tokenizer.decode(rows[3]) and "w0" in tokenizer.decode(rows[3])  # too long: both sides cut
+    (edge,) = encode_choices(tokenizer, [ChoiceExample(context, [" ".join(["long"] * 7)], 0)], max_length=10)
+    assert len(edge[0]) == 10 and "w0" in tokenizer.decode(edge[0])  # 7 + 3 special tokens leave no context word
     batch = collate_choices(encode_choices(tokenizer, [example, ChoiceExample("w1", ["c0"] * 4, 0)], 10), 0, "cpu")
     assert batch["input_ids"].shape == (2, 4, 10) and batch["attention_mask"][1].sum(-1).tolist() == [5] * 4
 
