@@ -51,7 +51,7 @@ ARCHS = ", ".join(sorted(p.stem for p in (REPO / "conf" / "arch").glob("*.yaml")
     ("pretrain", "eval=glue", ["eval is not a config group of pretrain.py", "arch, data, train, impl"]),
     ("pretrain", "--cfg=jobb", ["--cfg", "invalid choice: 'jobb'", "choose from 'job', 'hydra', 'all'"]),
     ("eval", "--multirunn", ["unrecognized arguments: --multirunn"]),
-    ("eval", "eval=xnli", ["eval=xnli", "choose one of: custom, glue, superglue"]),
+    ("eval", "eval=xnli", ["eval=xnli", "choose one of: custom, glue, ", "race", "superglue", "swag"]),
     ("eval", "arch=gpt-tiny", ["arch is not a config group of eval.py", "eval, impl"]),
     ("eval", "eval.taskz=[rte]", ["eval.taskz", "did you mean eval.tasks"]),
 ])
@@ -111,7 +111,7 @@ def test_entry_points_keep_the_contract(tmp_path):
     one_line_error(run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path), "arch=crammed-bert-huge", "gpt-tiny")
     result = subprocess.run([sys.executable, "eval.py", "eval=xnli", "checkpoint=x"], cwd=REPO,
                             capture_output=True, text=True, check=False, timeout=120)
-    one_line_error(result, "eval=xnli", "custom, glue, superglue")
+    one_line_error(result, "eval=xnli", "custom, glue, ", "race", "superglue", "swag")
     result = subprocess.run([sys.executable, "eval.py", "eval.seeds=???", "checkpoint=x"], cwd=REPO,
                             capture_output=True, text=True, check=False, timeout=120)
     one_line_error(result, "eval.seeds=??? leaves the value missing")
