@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transformers import PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from cramming.errors import UserError
 from cramming.eval.benchmarks import BENCHMARKS
 from cramming.eval.choice_head import ChoiceExample, collate_choices, encode_choices, token_limit
 from cramming.eval.config import EvalConfig
 from cramming.eval.finetune import HEADS, score
-from cramming.eval.swag_race import fill_blank, load_race, load_swag, read_race_file, read_swag_csv
+from cramming.eval.swag_race import fill_blank, load_race, load_swag
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
           "ending0", "ending1", "ending2", "ending3", "label"]
@@ -123,6 +123,8 @@ def test_race_reads_both_levels_and_scores_each(tmp_path):
     (json.dumps(race_article(0, answers="AB") | {"answers": ["A"]}), "1 answers: expected lists of one length"),
     (json.dumps(race_article(0, answers="AE")), "1.txt question 2: answer 'E' is not one of A, B, C, D"),
     (json.dumps(race_article(0, answers="A") | {"options": [["x", "y", "z"]]}), "question 1: 3 options, expected 4"),
+    (json.dumps(race_article(0, answers="A") | {"options": ["abcd"]}), "question 1: options 'abcd' is not a list of 4"),
+    (json.dumps(race_article(0) | {"answers": "ABCD"}), "4 questions, 4 option lists and str answers"),
     (json.dumps({"article": "a", "questions": []}), "1.txt: missing field"),
     ("[1, 2]", "1.txt: expected a JSON object, got list"),
 ])

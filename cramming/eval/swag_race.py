@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from ..config import check
 from ..errors import UserError
 from .benchmarks import BENCHMARKS, Glue, _check_task_list
 from .choice_head import ChoiceExample
@@ -95,8 +96,10 @@ def fill_blank(question: str, option: str) -> str:
 
 
 def race_question(article: str, question, options, answer, level: str, where: str) -> ChoiceExample:
-    if not isinstance(options, list) or len(options) != 4:
-        raise UserError(f"{where}: {len(options) if isinstance(options, list) else options!r} options, expected 4")
+    if not isinstance(options, list):
+        raise UserError(f"{where}: options {options!r} is not a list of 4 strings")
+    if len(options) != 4:
+        raise UserError(f"{where}: {len(options)} options, expected 4")
     if answer not in tuple(LETTERS):
         raise UserError(f"{where}: answer {answer!r} is not one of A, B, C, D")
     return ChoiceExample(article, [fill_blank(str(question), str(o)) for o in options], LETTERS.index(answer), level)
@@ -118,9 +121,8 @@ def read_race_file(path: Path, level: str) -> list[ChoiceExample]:
     questions, options, answers = record["questions"], record["options"], record["answers"]
     if not all(isinstance(v, list) for v in (questions, options, answers)) or \
             not len(questions) == len(options) == len(answers):
-        size = lambda v: len(v) if isinstance(v, list) else type(v).__name__  # noqa: E731
-        raise UserError(f"{path}: {size(questions)} questions, {size(options)} option lists and {size(answers)} "
-                        "answers: expected lists of one length")
+        q, o, a = (len(v) if isinstance(v, list) else type(v).__name__ for v in (questions, options, answers))
+        raise UserError(f"{path}: {q} questions, {o} option lists and {a} answers: expected lists of one length")
     return [race_question(str(record["article"]), q, o, a, level, f"{path} question {i + 1}")
             for i, (q, o, a) in enumerate(zip(questions, options, answers))]
 
@@ -205,8 +207,6 @@ class Race(Swag):
     columns = (("RACE", "race"), ("RACE-h", "race-high"), ("RACE-m", "race-middle"))
 
     def validate(self, e) -> None:
-        from ..config import check
-
         _check_task_list(e, tuple(RACE_TASKS), "RACE")
         check(not ("race" in e.tasks and len(e.tasks) > 1), "eval.tasks", e.tasks,
               "race already scores race-high and race-middle (its dev per level): list race alone, or the levels")
