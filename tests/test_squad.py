@@ -2,6 +2,7 @@
 answer decoding, and the official metrics against hand-computed values."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -9,7 +10,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from cramming.errors import UserError
-from cramming.eval.squad_data import SquadExample, SquadOptions, read_squad_file
+from cramming.eval.squad_data import (SQUAD_TASKS, SquadExample, SquadOptions, load_squad_examples, read_squad_file,
+                                     read_squad_hub)
+from cramming.eval.squad import fit_length
 from cramming.eval.squad_metrics import f1, normalize_answer, question_scores, squad_scores
 from cramming.eval.squad_windows import best_span, decode_answers, encode_windows
 
@@ -141,3 +144,43 @@ def test_squad_scores_by_hand():
                                 "HasAns_f1": 100 * (2 / 3 + 1) / 2, "NoAns_exact": 50.0, "NoAns_f1": 50.0})
     v1 = squad_scores({"a": "Denver", "b": "blue"}, examples[:2] + [SquadExample("e", "", "", [("x", 0)])], 1)
     assert v1 == pytest.approx({"exact": 100 / 3, "f1": 100 * (2 / 3 + 1 + 0) / 3})  # e: no prediction scores 0
+
+
+def test_hub_rows_are_read_and_checked_like_the_files(monkeypatch):
+    import datasets
+
+    rows = {"validation": [{"id": "h1", "question": "q?", "context": "alpha beta",
+                            "answers": {"text": ["beta", "beta"], "answer_start": [6, 6]}},
+                           {"id": "h2", "question": "q?", "context": "alpha beta", "answers": {"text": [], "answer_start": []}}]}
+    asked = []
+
+    def load_dataset(name, split):
+        asked.append((name, split))
+        return rows[split]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    examples = read_squad_hub(SQUAD_TASKS["squad_v2"], "validation")
+    assert asked == [("rajpurkar/squad_v2", "validation")]
+    assert [(e.id, e.answers) for e in examples] == [("h1", [("beta", 6), ("beta", 6)]), ("h2", [])]
+    with pytest.raises(UserError, match=r"hub:rajpurkar/squad validation row 1 \(question id h2\).*no answers"):
+        read_squad_hub(SQUAD_TASKS["squad"], "validation")  # v1.1: every question has one
+    rows["validation"][0]["answers"]["answer_start"][1] = 5
+    with pytest.raises(UserError, match=r"row 0 \(question id h1\) answers\[1\]: answer 'beta' is not at answer_start 5"):
+        read_squad_hub(SQUAD_TASKS["squad_v2"], "validation")
+
+
+def test_offline_without_files_is_one_line_naming_the_hub_dataset_and_the_fix():
+    with pytest.raises(UserError) as err:
+        load_squad_examples("squad", None)
+    assert "'rajpurkar/squad' is unreachable" in str(err.value) and "eval.data_dir=" in str(err.value)
+
+
+def test_a_computed_position_table_grows_to_max_length_and_a_learned_one_refuses():
+    config = SimpleNamespace(max_seq_length=128, position="scaled-sinusoidal", layout=["transformer"])
+    fit_length(config, 384)
+    assert config.max_seq_length == 384  # sinusoids are computed from the config: SQuAD's 384 tokens fit
+    for position, layout, what in (("learned", "transformer", "learned position table"),
+                                   ("rotary", ["gmlp"], "gMLP spatial matrix")):
+        with pytest.raises(UserError, match=rf"eval.recipe.max_length=384 is longer than this checkpoint's {what} "
+                                            r"\(max_seq_length=128\); set eval.recipe.max_length=128"):
+            fit_length(SimpleNamespace(max_seq_length=128, position=position, layout=layout), 384)

@@ -38,7 +38,7 @@ class Recipe:
 class EvalConfig:
     kind: str = "glue"  # the benchmark
     tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py)
-    data_dir: str | None = None  # a glue_data/ (or SuperGLUE) folder; null = the hub (nyu-mll/glue, aps/super_glue)
+    data_dir: str | None = None  # a glue_data/ (or SuperGLUE, SQuAD) folder; null = the hub (nyu-mll/glue, aps/super_glue, rajpurkar/squad)
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"

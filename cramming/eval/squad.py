@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
 from ..config import check
+from ..errors import UserError
 from .benchmarks import BENCHMARKS, _check_task_list
 from .config import recipe_for
 from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
@@ -45,13 +46,29 @@ def _score(version: int, split, predictions: dict, examples) -> dict:
     return squad_scores(predictions, examples, version)
 
 
-def build_qa_model(checkpoint: str, dropout: float, random_init: bool):
+def build_qa_model(checkpoint: str, dropout: float, random_init: bool, max_length: int):
     config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
     if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on, as for the others
         config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
+        fit_length(config, max_length)
     if random_init:
         return AutoModelForQuestionAnswering.from_config(config, trust_remote_code=True)
     return AutoModelForQuestionAnswering.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+
+
+def fit_length(config, max_length: int) -> None:
+    """Grow a crammed model's computed position table (sinusoids) to max_length: SQuAD's 384 tokens on a checkpoint
+    pretrained at 128. A learned table or gMLP's spatial matrix is weights of that size and cannot grow."""
+    limit = config.max_seq_length
+    if max_length <= limit:
+        return
+    layout = config.layout if isinstance(config.layout, list) else [config.layout]
+    if config.position == "learned" or "gmlp" in layout:
+        what = "learned position table" if config.position == "learned" else "gMLP spatial matrix"
+        raise UserError(f"eval.recipe.max_length={max_length} is longer than this checkpoint's {what} "
+                        f"(max_seq_length={limit}); set eval.recipe.max_length={limit} and eval.squad.doc_stride "
+                        "below it minus max_query_length minus 4")
+    config.max_seq_length = max_length
 
 
 def finetune_squad(checkpoint, tokenizer, task: SquadTask, recipe, seed, runtime, random_init, label, progress=None):
@@ -60,7 +77,7 @@ def finetune_squad(checkpoint, tokenizer, task: SquadTask, recipe, seed, runtime
     torch.manual_seed(seed)
     train = encode_windows(tokenizer, task.train, recipe.max_length, task.options)
     dev = {split: encode_windows(tokenizer, rows, recipe.max_length, task.options) for split, rows in task.dev.items()}
-    model = build_qa_model(checkpoint, recipe.dropout, random_init).to(runtime.device)
+    model = build_qa_model(checkpoint, recipe.dropout, random_init, recipe.max_length).to(runtime.device)
     autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
     starts = torch.tensor([w.start for w in train])
     ends = torch.tensor([w.end for w in train])

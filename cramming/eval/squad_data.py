@@ -33,6 +33,8 @@ class SquadOptions:
 
 @dataclass(frozen=True)
 class SquadVersion:
+    """One SQuAD release: its task name, whether questions may lack an answer, its files and hub copy."""
+
     name: str  # the eval.tasks name
     version: int  # 1: every question has an answer; 2: some have none (is_impossible)
     files: tuple[str, str]  # train and dev file names in eval.data_dir (the official ones)
