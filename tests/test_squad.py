@@ -14,7 +14,7 @@ from cramming.eval.squad_data import (SQUAD_TASKS, SquadExample, SquadOptions, l
                                      read_squad_hub)
 from cramming.eval.squad import fit_length
 from cramming.eval.squad_metrics import f1, normalize_answer, question_scores, squad_scores
-from cramming.eval.squad_windows import best_span, decode_answers, encode_windows
+from cramming.eval.squad_windows import Window, best_span, decode_answers, encode_windows
 
 
 def word_tokenizer(words) -> PreTrainedTokenizerFast:
@@ -75,10 +75,12 @@ def test_a_file_that_is_not_json_names_its_line(tmp_path):
 CONTEXT = " ".join(f"w{i}" for i in range(40)) + " the answer is Mount Everest indeed"
 
 
-def test_windows_cover_a_long_context_and_label_the_answer_where_it_is():
-    tok = word_tokenizer(CONTEXT.split() + "where is it ?".split())
-    start = CONTEXT.index("Mount Everest")
-    example = SquadExample("q", "where is it ?", CONTEXT, [("Mount Everest", start)])
+@pytest.mark.parametrize("words", range(34, 48))  # the answer at every place in the windows, split by some
+def test_windows_cover_a_long_context_and_label_the_answer_where_it_is(words):
+    context = " ".join(f"w{i}" for i in range(words)) + " the answer is Mount Everest " + " ".join(f"x{i}" for i in range(9))
+    tok = word_tokenizer(context.split() + "where is it ?".split())
+    start = context.index("Mount Everest")
+    example = SquadExample("q", "where is it ?", context, [("Mount Everest", start)])
     options = SquadOptions(doc_stride=5, max_query_length=8)
     windows = encode_windows(tok, [example], 20, options)
     assert len(windows) > 3 and all(len(w.ids) <= 20 for w in windows)
@@ -88,7 +90,7 @@ def test_windows_cover_a_long_context_and_label_the_answer_where_it_is():
     labelled = [w for w in windows if w.start]
     assert labelled and all(w.offsets[w.start] is not None for w in labelled)
     for w in labelled:  # the labels read back to the answer's characters
-        assert CONTEXT[w.offsets[w.start][0]:w.offsets[w.end][1]] == "Mount Everest"
+        assert context[w.offsets[w.start][0]:w.offsets[w.end][1]] == "Mount Everest"
     holding = [w for w in windows if (start, start + 5) in w.offsets and (start + 6, start + 13) in w.offsets]
     assert labelled == holding  # every window holding the whole answer, and only those
     assert all((w.start, w.end) == (0, 0) for w in windows if w not in labelled)
@@ -120,8 +122,9 @@ def test_the_best_valid_span_wins():
 
 def test_v2_answers_nothing_when_the_null_score_wins_by_more_than_the_threshold():
     example = SquadExample("q", "?", "alpha beta", [])
-    windows = [type("W", (), {"example": 0, "offsets": [None, (0, 5), (6, 10)]})()]
-    start, end = [np.array([2.0, 1.5, 0.0])], [np.array([2.0, 0.0, 1.0])]  # null 4, best span alpha..beta 2.5
+    windows = [Window([], 0, [None, (0, 5), (6, 10)]), Window([], 0, [None, (0, 5)])]
+    # window 0: null 4, best span alpha..beta 2.5; window 1: null 7, its span alpha 0; the null score is the lowest
+    start, end = [np.array([2.0, 1.5, 0.0]), np.array([3.5, 0.0])], [np.array([2.0, 0.0, 1.0]), np.array([3.5, 0.0])]
     for threshold, version, expected in ((0.0, 2, ""), (1.5, 2, "alpha beta"), (0.0, 1, "alpha beta")):
         options = SquadOptions(null_threshold=threshold)
         assert decode_answers([example], windows, start, end, options, version) == {"q": expected}
@@ -133,6 +136,7 @@ def test_normalisation_and_f1_by_hand():
     assert f1("", "", version=2) == 1.0 and f1("", "", version=1) == 0.0 and f1("cat", "", version=2) == 0.0
     assert question_scores(["Paris", "the city of Paris"], "city of paris", 1) == (1, 1.0)
     assert question_scores(["New York City"], "York", 1) == (0, pytest.approx(0.5))  # p 1, r 1/3
+    assert question_scores(["The", "cat"], "", 2) == (0, 0.0)  # v2.0 drops a gold that normalises to nothing
 
 
 def test_squad_scores_by_hand():
