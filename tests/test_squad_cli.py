@@ -14,7 +14,7 @@ from conftest import REPO, last_line_path, one_line_error, run_pretrain
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=64",
         "eval.squad.doc_stride=16", "eval.squad.max_query_length=16"]
-WORDS = "river mountain city king queen north south bridge tower garden market winter summer lake".split()
+WORDS = ["river", "mountain", "city", "king", "queen", "north", "south", "bridge", "tower", "garden", "market", "winter", "summer", "lake"]
 
 
 def paragraph(rng, k: int, impossible: bool) -> dict:
@@ -69,7 +69,8 @@ def test_squad_v11_and_v20_end_to_end(smoke_checkpoint, tmp_path):
         assert all(isinstance(text, str) for text in predictions.values())
         assert "predictions" not in run
     assert "| model | SQuAD1.1 | SQuAD2.0 | avg |" in result.stdout
-    (row,) = list(csv.DictReader(open(tmp_path / "results.csv")))
+    with open(tmp_path / "results.csv") as fh:
+        (row,) = list(csv.DictReader(fh))
     assert float(row["squad"]) == pytest.approx(model["scores"]["squad"], abs=0.01) and row["squad_v2"]
 
 

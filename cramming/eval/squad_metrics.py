@@ -45,7 +45,8 @@ def question_scores(golds: list[str], prediction: str, version: int) -> tuple[in
 
 def squad_scores(predictions: dict[str, str], examples, version: int) -> dict[str, float]:
     """exact and f1 over `examples` (x100); v2.0 adds HasAns_exact/_f1 and NoAns_exact/_f1 where such questions
-    exist. A question without a prediction scores 0, as in the official scripts."""
+    exist. A question without a prediction scores 0 (v1.1's rule; v2.0's script leaves it out; the head answers
+    every question, so neither applies to our runs)."""
     rows = [(bool(e.answers), *question_scores([t for t, _ in e.answers], predictions.get(e.id, ""), version))
             if e.id in predictions else (bool(e.answers), 0, 0.0) for e in examples]
     out = _mean(rows, "")

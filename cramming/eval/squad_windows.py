@@ -42,7 +42,7 @@ def encode_windows(tokenizer, examples, max_length: int, options) -> list[Window
     try:
         encoded = tokenizer(questions, [e.context for e in examples], truncation="only_second", max_length=max_length,
                             stride=options.doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)
-    except Exception as err:  # the tokenizers library refuses a stride that leaves no room for the context
+    except Exception as err:  # noqa: BLE001  a stride leaving no room: ValueError (transformers), Exception (Rust)
         raise UserError(f"eval.squad.doc_stride={options.doc_stride} with eval.recipe.max_length={max_length} and "
                         f"eval.squad.max_query_length={options.max_query_length}: no room for the context "
                         f"({str(err).splitlines()[0][:120]}); lower doc_stride or raise max_length") from None
