@@ -82,6 +82,7 @@ def components() -> dict[str, tuple]:
     from .data.local_text import ENCODING_ERRORS
     from .eval.config import EvalRunConfig
     from .eval.ner import NER_TASKS
+    from .eval.squad_data import SQUAD_TASKS
     from .eval.superglue import SUPERGLUE_TASKS
     from .eval.tasks import GLUE_TASKS
     from .impl import COMPILE_MODES
@@ -91,7 +92,7 @@ def components() -> dict[str, tuple]:
     named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
             "data.encoding_errors": (dict.fromkeys(ENCODING_ERRORS), ()),
-            "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS, **NER_TASKS}, ())}
+            "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS, **NER_TASKS, **SQUAD_TASKS}, ())}
 
 
 def accepts(key: str, cls, name: str, named: dict) -> str:

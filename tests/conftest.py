@@ -89,7 +89,7 @@ def one_line_error(result, *fragments):
 SLOW_MODULES = {"test_eval_cli", "test_deepspeed", "test_distributed", "test_optuna", "test_bench",
                 "test_bench_kernels", "test_gpu_checks", "test_aot", "test_experiments", "test_pretrain_cli",
                 "test_sweep", "test_cli_errors", "test_help", "test_output", "test_eval_checks",
-                "test_checkpoint_tokenizer", "test_superglue_cli", "test_ner_cli",
+                "test_checkpoint_tokenizer", "test_superglue_cli", "test_ner_cli", "test_squad_cli",
                 # the Triton interpreter's kernel checks: each kernel call is a Python-level simulation
                 "test_attention_kernel", "test_opcheck", "test_kernel_wiring"}
 SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run",

@@ -97,3 +97,4 @@ class Custom(Glue):
 
 from . import ner  # noqa: E402,F401  registers eval=ner (its own module: cramming/eval/ner.py)
 from . import swag_race  # noqa: E402,F401  registers eval.kind swag and race (its own module)
+from . import squad  # noqa: E402,F401  registers eval.kind=squad (and its head) into BENCHMARKS

@@ -9,6 +9,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..config import ImplConfig, check, refuse
 from ..errors import UserError
 from ..schema import register
+from .squad_data import SquadOptions
 from .tasks import GLUE_SET
 
 
@@ -37,7 +38,7 @@ class Recipe:
 class EvalConfig:
     kind: str = "glue"  # the benchmark
     tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py)
-    data_dir: str | None = None  # a glue_data/ (or SuperGLUE) folder; null = the hub (nyu-mll/glue, aps/super_glue)
+    data_dir: str | None = None  # a glue_data/ (or SuperGLUE, SQuAD) folder; null = the hub (nyu-mll/glue, aps/super_glue, rajpurkar/squad)
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
@@ -52,6 +53,7 @@ class EvalConfig:
     text_fields: list[str] = field(default_factory=list)  # eval=custom: one or two text columns
     label_field: str = "label"  # eval=custom: the label column
     task_type: str | None = None  # eval=custom: classification or regression; null = inferred from the labels
+    squad: SquadOptions = field(default_factory=SquadOptions)  # eval=squad: windows and answer decoding
 
     RULES: ClassVar[dict] = {"seeds": ">= 1", "baseline": ("random-init", None), "max_train_examples": "> 0 or null"}
     REGISTRIES: ClassVar[dict] = {"kind": "eval.benchmarks:BENCHMARKS"}

@@ -147,6 +147,20 @@ def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: b
     return per_task, scores
 
 
+def keep_predictions(run_dir: Path, label: str, per_task: dict) -> dict[Path, dict]:
+    """Take the answers a head returned with its runs (SQuAD's {split: {id: text}}) out of the records, which
+    name the file instead: predictions-<task>[-<split>][-<model>]-seed<N>.json beside results.json."""
+    files = {}
+    for task, record in per_task.items():
+        for run in record["runs"]:
+            for split, answers in run.pop("predictions", {}).items():
+                name = "-".join([f"predictions-{task}", *([split] if split != "dev" else []),
+                                 *([label] if label != "pretrained" else []), f"seed{run['seed']}"])
+                files[run_dir / f"{name}.json"] = answers
+                run.setdefault("predictions_files", {})[split] = f"{name}.json"
+    return files
+
+
 def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     started = time.time()
     run_dir = Path(run_dir)
@@ -169,13 +183,14 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
 
     results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
                "models": {}}
-    table_rows = {}
+    table_rows, predictions = {}, {}
     steps = len(models) * config.eval.seeds * sum(steps_per_run(t, recipe_for(config.eval, t.name)) for t in tasks)
     # One bar over every model, task, seed and epoch: the ETA is the whole evaluation's; `with` closes it on errors.
     with tqdm(total=steps, desc="fine-tuning", unit="step", mininterval=2, dynamic_ncols=True) as progress:
         for label, random_init in models.items():
             per_task, scores = finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init, label,
                                               progress)
+            predictions |= keep_predictions(run_dir, label, per_task)
             summary = benchmark.summarise(scores, config.eval)
             results["models"][label] = {"tasks": per_task, "scores": scores, benchmark.summary_key: summary}
             table_rows[label] = {**scores, **({"average": summary["average"]} if summary else {})}
@@ -190,6 +205,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
         "seconds": round(time.time() - started, 1),
         "finished_at": datetime.now(timezone.utc).isoformat(),
     })
+    for where, answers in predictions.items():
+        write_atomic(where, json.dumps(answers, indent=1, ensure_ascii=False))
     path = run_dir / "results.json"
     write_atomic(path, json.dumps(results, indent=2))  # a results.json is only ever a complete one
     for label, row in table_rows.items():

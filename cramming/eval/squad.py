@@ -1,0 +1,140 @@
+"""eval=squad: extractive question answering on SQuAD v1.1 (task `squad`) and v2.0 (`squad_v2`).
+
+The model is the checkpoint's AutoModelForQuestionAnswering (a start and an end score per token; ours is
+model/heads.py), trained on the windows of squad_windows.py by finetune.run_epochs like every other head, and
+scored with the official metrics (squad_metrics.py) after each epoch. The last epoch's answers ({id: text}, the
+official scripts' input) go back with the run, and the recipe writes them beside results.json.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from transformers import AutoConfig, AutoModelForQuestionAnswering
+
+from ..config import check
+from ..errors import UserError
+from .benchmarks import BENCHMARKS, _check_task_list
+from .config import recipe_for
+from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
+from .squad_data import SQUAD_TASKS, SquadOptions, load_squad_examples
+from .squad_metrics import squad_scores
+from .squad_windows import decode_answers, encode_windows
+from .tasks import TaskData
+
+SPECIAL_TOKENS = 4  # the most a pair template adds (RoBERTa's <s> q </s></s> c </s>): room left for the context
+
+
+@dataclass
+class SquadTask(TaskData):
+    """A SQuAD task: its examples are SquadExample, its options eval.squad."""
+
+    version: int = 1
+    options: SquadOptions = field(default_factory=SquadOptions)
+
+
+def load_squad_task(name: str, e) -> SquadTask:
+    spec, train, dev, source = load_squad_examples(name, e.data_dir)
+    metrics = ["exact", "f1"] + (["HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1"] if spec.version == 2 else [])
+    return SquadTask(name=spec.name, train=train, dev={"dev": dev}, label_names=None, metric_names=metrics,
+                     main_metric="f1", source=source, scorer=partial(_score, spec.version), head="squad",
+                     version=spec.version, options=e.squad)
+
+
+def _score(version: int, split, predictions: dict, examples) -> dict:
+    return squad_scores(predictions, examples, version)
+
+
+def build_qa_model(checkpoint: str, dropout: float, random_init: bool, max_length: int):
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
+    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on, as for the others
+        config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
+        fit_length(config, max_length)
+    if random_init:
+        return AutoModelForQuestionAnswering.from_config(config, trust_remote_code=True)
+    return AutoModelForQuestionAnswering.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+
+
+def fit_length(config, max_length: int) -> None:
+    """Grow a crammed model's computed position table (sinusoids) to max_length: SQuAD's 384 tokens on a checkpoint
+    pretrained at 128. A learned table or gMLP's spatial matrix is weights of that size and cannot grow."""
+    limit = config.max_seq_length
+    if max_length <= limit:
+        return
+    layout = config.layout if isinstance(config.layout, list) else [config.layout]
+    if config.position == "learned" or "gmlp" in layout:
+        what = "learned position table" if config.position == "learned" else "gMLP spatial matrix"
+        raise UserError(f"eval.recipe.max_length={max_length} is longer than this checkpoint's {what} "
+                        f"(max_seq_length={limit}); set eval.recipe.max_length={limit} and eval.squad.doc_stride "
+                        "below it minus max_query_length minus 4")
+    config.max_seq_length = max_length
+
+
+def finetune_squad(checkpoint, tokenizer, task: SquadTask, recipe, seed, runtime, random_init, label, progress=None):
+    """One SQuAD fine-tuning run; its record adds `predictions` ({split: {id: text}}, the last epoch's) and the
+    number of training windows (the steps count examples, as the progress bar does; windows are what is trained)."""
+    torch.manual_seed(seed)
+    train = encode_windows(tokenizer, task.train, recipe.max_length, task.options)
+    dev = {split: encode_windows(tokenizer, rows, recipe.max_length, task.options) for split, rows in task.dev.items()}
+    model = build_qa_model(checkpoint, recipe.dropout, random_init, recipe.max_length).to(runtime.device)
+    autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+    starts = torch.tensor([w.start for w in train])
+    ends = torch.tensor([w.end for w in train])
+    last = {}
+
+    def batch_loss(batch):
+        inputs = collate([train[i].ids for i in batch], pad_id, device)
+        with autocast():
+            return model(**inputs, start_positions=starts[batch].to(device), end_positions=ends[batch].to(device)).loss
+
+    def predict(split):
+        windows, start_logits, end_logits = dev[split], [], []
+        step = recipe.batch_size * PREDICT_BATCHES
+        for begin in range(0, len(windows), step):
+            chunk = windows[begin:begin + step]
+            with autocast():
+                out = model(**collate([w.ids for w in chunk], pad_id, device))
+            for k, w in enumerate(chunk):
+                start_logits.append(out.start_logits[k, :len(w.ids)].float().cpu().numpy())
+                end_logits.append(out.end_logits[k, :len(w.ids)].float().cpu().numpy())
+        last[split] = decode_answers(task.dev[split], windows, start_logits, end_logits, task.options, task.version)
+        return last[split]
+
+    windowed = dataclasses.replace(task, train=train)  # the schedule's step count follows the windows trained
+    run = run_epochs(windowed, recipe, seed, runtime, model, [len(w.ids) for w in train], batch_loss, predict, label,
+                     progress)
+    return run | {"train_windows": len(train), "predictions": last}
+
+
+HEADS.register("squad")(finetune_squad)
+
+
+@BENCHMARKS.register_one("squad")
+class Squad:
+    """SQuAD v1.1 and v2.0 dev sets: each its own column (F1; exact match in results.json), no average."""
+
+    title = "SQuAD"
+    summary_key = "squad"
+    average_set = ()
+    columns = (("SQuAD1.1", "squad"), ("SQuAD2.0", "squad_v2"))
+    skippable = False
+
+    def validate(self, e) -> None:
+        _check_task_list(e, SQUAD_TASKS, "SQuAD")
+        s = e.squad
+        for task in e.tasks:
+            room = recipe_for(e, task).max_length - s.max_query_length - SPECIAL_TOKENS
+            check(s.doc_stride < room, "eval.squad.doc_stride", s.doc_stride,
+                  f"must be below max_length - max_query_length - {SPECIAL_TOKENS} = {room} (the context's room in "
+                  f"a window of {task}); lower it or eval.squad.max_query_length, or raise eval.recipe.max_length")
+
+    def trained(self, e) -> list[str]:
+        return list(e.tasks)
+
+    def load(self, name: str, e):
+        return load_squad_task(name, e)
+
+    def summarise(self, scores: dict, e) -> dict | None:
+        return None
+
