@@ -99,7 +99,7 @@ def accepts(key: str, cls, name: str, named: dict) -> str:
     """What a key accepts: its declared rule, or the registry's names (beyond them, e.g. auto)."""
     named = named.get(key)
     if named is not None:
-        return ", ".join([*named[1], *named[0]]) + " (registry below)"
+        return ", ".join([*named[1], *sorted(named[0])]) + " (registry below)"  # sorted: not import order
     rule = getattr(cls, "RULES", {}).get(name)
     if isinstance(rule, tuple):
         return ", ".join("null" if choice is None else choice for choice in rule)
@@ -173,7 +173,7 @@ def registries() -> list[str]:
     lines = []
     for key, (registry, extra) in components().items():
         lines += ["", f"### `{key}`", ""]
-        said = {name: entry_line(entry) for name, entry in registry.items()}
+        said = {name: entry_line(registry[name]) for name in sorted(registry)}  # not import order
         if len(registry) > 1 and len(set(said.values())) == 1:  # one class's instances: its line says it once
             lines, said = lines + [next(iter(said.values())), ""], dict.fromkeys(said, "")
         lines += [f"- `{name}`: {line}" if line else f"- `{name}`" for name, line in said.items()]
