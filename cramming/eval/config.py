@@ -9,6 +9,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..config import ImplConfig, check, refuse
 from ..errors import UserError
 from ..schema import register
+from .harness import LmEvalOptions
 from .tasks import GLUE_SET
 
 
@@ -52,6 +53,7 @@ class EvalConfig:
     text_fields: list[str] = field(default_factory=list)  # eval=custom: one or two text columns
     label_field: str = "label"  # eval=custom: the label column
     task_type: str | None = None  # eval=custom: classification or regression; null = inferred from the labels
+    lm_eval: LmEvalOptions = field(default_factory=LmEvalOptions)
 
     RULES: ClassVar[dict] = {"seeds": ">= 1", "baseline": ("random-init", None), "max_train_examples": "> 0 or null"}
     REGISTRIES: ClassVar[dict] = {"kind": "eval.benchmarks:BENCHMARKS"}
