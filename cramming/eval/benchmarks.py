@@ -95,4 +95,4 @@ class Custom(Glue):
 
 
 
-from . import harness, zero_shot  # noqa: E402,F401  register eval=zero-shot and eval=lm-eval (their own modules)
+from . import harness, zero_shot  # noqa: F401  register eval=zero-shot and eval=lm-eval (their own modules)
