@@ -141,6 +141,9 @@ def choose(scores: list[float], endings: list[str]) -> tuple[int, int]:
 def score_items(model, tokenizer, items: list[Item], max_length: int, batch_size: int, device, autocast) -> dict:
     """acc and acc_norm in percent, and each item's per-ending log-likelihoods (for results.json)."""
     pairs = [split_tokens(tokenizer, item.context, ending) for item in items for ending in item.endings]
+    if (longest := max(len(ending) for _, ending in pairs)) > max_length:  # lm-eval asserts; we say what to change
+        raise UserError(f"eval.recipe.max_length={max_length}: an ending has {longest} tokens, and each ending must "
+                        "fit whole with at least one context token before it; raise eval.recipe.max_length")
     flat = loglikelihoods(model, pairs, max_length, batch_size, tokenizer.pad_token_id, device, autocast)
     hits = hits_norm = 0
     lls, start = [], 0
