@@ -37,8 +37,8 @@ class Recipe:
 @dataclass
 class EvalConfig:
     kind: str = "glue"  # the benchmark
-    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py)
-    data_dir: str | None = None  # a glue_data/ (or SuperGLUE) folder; null = the hub (nyu-mll/glue, aps/super_glue)
+    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py); eval=zero-shot: file names, eval=lm-eval: its task names
+    data_dir: str | None = None  # a glue_data/ (or SuperGLUE) folder; null = the hub (nyu-mll/glue, aps/super_glue); eval=zero-shot: the <task>.jsonl folder
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
