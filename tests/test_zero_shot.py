@@ -15,26 +15,33 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from cramming.errors import UserError
 from cramming.eval.config import EvalConfig
 from cramming.eval.harness import LmEvalOptions, lm_eval_module
-from cramming.eval.zero_shot import (ZeroShot, causal_refusal, choose, hellaswag_item, loglikelihoods, read_items,
-                                     score_items, split_tokens)
+from cramming.eval.zero_shot import (
+    ZeroShot,
+    causal_refusal,
+    choose,
+    hellaswag_item,
+    loglikelihoods,
+    read_items,
+    score_items,
+    split_tokens,
+)
 
 # HellaSwag's own rows (its JSONL: activity_label, ctx_a, ctx_b, endings, label), with WikiHow's bracket markers, a
 # string label as on the hub, an empty ctx_b, and one long context that is cut from the left at max_length 96.
+LONG = " ".join(["The people walked along the river and talked."] * 12)
+CHEF = "A female chef in white uniform shows a stack of baking pans."
+SKI = ", a person board a ski lift, while two men hold the head of the person wearing winter clothes."
 HELLASWAG = [
-    {"activity_label": "Removing ice from car", "ctx_a": "Then, the man writes over the snow covering the window "
-     "of a car, and a woman wearing winter clothes smiles.", "ctx_b": "then", "endings": [
-         ", the man adds wax to the windshield and cuts it.", ", a person board a ski lift, while two men supporting "
-         "the head of the person wearing winter clothes snow as the we girls sled.", ", the man puts on a christmas "
-         "coat, knitted with netting.", ", the man continues removing the snow on his car."], "label": 3},
-    {"activity_label": "Baking cookies", "ctx_a": "A female chef in white uniform shows a stack of baking pans.",
-     "ctx_b": "the pans", "endings": ["contain egg yolks.", "are sprinkled with brown sugar.", "are placed in a "
-                                      "strainer.", "are filled with pastries and loaded into the oven."], "label": "3"},
+    {"activity_label": "Removing ice from car", "ctx_a": "Then, the man writes over the snow covering the window.",
+     "ctx_b": "then", "label": 3, "endings": [", the man adds wax to the windshield and cuts it.", SKI,
+                                              ", the man puts on a christmas coat.", ", the man removes the snow."]},
+    {"activity_label": "Baking cookies", "ctx_a": CHEF, "ctx_b": "the pans", "label": "3",
+     "endings": ["contain egg yolks.", "are sprinkled with sugar.", "are in a strainer.", "are filled with pastries."]},
     {"activity_label": "Home and Garden", "ctx_a": "[header] How to clean a grill [title] Heat the grill.",
      "ctx_b": "", "endings": ["[step] Scrape it with a brush.", "Eat it.", "[substeps] Let it cool [title] rinse.",
                               "Paint it blue."], "label": 0},
-    {"activity_label": "Long story", "ctx_a": " ".join(["The people walked along the river and talked."] * 12),
-     "ctx_b": "they", "endings": ["sat down.", "flew to the moon on a bicycle.", "ate.", "went home slowly."],
-     "label": 3},
+    {"activity_label": "Long story", "ctx_a": LONG, "ctx_b": "they", "label": 3,
+     "endings": ["sat down.", "flew to the moon on a bicycle.", "ate.", "went home slowly."]},
     {"activity_label": "Playing piano", "ctx_a": "A woman sits at a piano.", "ctx_b": "she",
      "endings": ["plays a song.", "eats the keys.", "sings loudly while dancing on the roof.", "leaves."], "label": 0},
     {"activity_label": "Running", "ctx_a": "A man is running on a track.", "ctx_b": "he",
@@ -189,8 +196,8 @@ def test_an_endings_loglikelihood_is_the_hand_computed_sum(causal):
     logprobs = F.log_softmax(logits.float(), dim=-1)
     by_hand = sum(logprobs[len(context) - 1 + k, token].item() for k, token in enumerate(ending))
     # In a batch with a longer and a shorter row, so this one is padded on the right and another is not.
-    pairs = [split_tokens(tokenizer, c, e) for c, e in [("The sky is", "blue."), ("A man runs on a long track "
-                                                        "every morning before work. He", "stops and drinks water.")]]
+    texts = [("The sky is", "blue."), ("A man runs on a long track every morning before work. He", "stops to drink.")]
+    pairs = [split_tokens(tokenizer, c, e) for c, e in texts]
     scores = loglikelihoods(model, [pairs[0], (context, ending), pairs[1]], 128, 3, tokenizer.pad_token_id, "cpu",
                             NO_AUTOCAST)
     assert scores[1] == pytest.approx(by_hand, rel=1e-5)

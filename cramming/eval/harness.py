@@ -6,6 +6,7 @@ tokenizers have neither (every pretraining document starts with [CLS]), so it is
 where there is one, else [CLS]. Without it lm-eval 0.4.13 fails decoding `None` on its first request.
 """
 
+import functools
 import importlib
 import logging
 from dataclasses import dataclass
@@ -57,11 +58,16 @@ def lm_eval_module():
 def task_manager(options: LmEvalOptions):
     """lm-eval's task index, with the user's YAML folder added."""
     lm_eval_module()
-    from lm_eval.tasks import TaskManager
-
     if options.include_path is not None and not Path(options.include_path).expanduser().is_dir():
         raise UserError(f"eval.lm_eval.include_path={options.include_path!r} is not a folder of lm-eval task YAMLs")
-    include = None if options.include_path is None else str(Path(options.include_path).expanduser().resolve())
+    return _task_manager(None if options.include_path is None else str(Path(options.include_path).expanduser().resolve()))
+
+
+@functools.cache
+def _task_manager(include: str | None):
+    """One index per folder: building one reads every YAML lm-eval ships (seconds), and each task asks twice."""
+    from lm_eval.tasks import TaskManager
+
     return TaskManager(include_path=include)
 
 
@@ -93,7 +99,7 @@ def harness_lm(checkpoint: str, tokenizer, runtime, options: LmEvalOptions, max_
     if random_init:
         model = build_causal_lm(checkpoint, True).to(runtime.device, getattr(torch, DTYPES[runtime.precision]))
         return HFLM(pretrained=model, **common)
-    return HFLM(pretrained=checkpoint, device=str(runtime.device), dtype=DTYPES.get(runtime.precision, "bfloat16"),
+    return HFLM(pretrained=checkpoint, device=str(runtime.device), dtype=DTYPES[runtime.precision],
                 **common)
 
 
