@@ -160,6 +160,25 @@ def test_missing_and_empty_files_are_one_line(tmp_path):
         read_items(write_jsonl(tmp_path / "empty.jsonl", [""]))
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_the_token_split_is_lm_evals(kind):
+    """split_tokens against lm-eval's own `_encode_pair` (its causal branch) on each tokenizer kind a causal checkpoint
+    can ship; a context's trailing space moves into the continuation (byte-level BPE and unigram then differ)."""
+    needs_lm_eval()
+    from types import SimpleNamespace
+
+    from lm_eval.api.model import TemplateLM
+
+    from cramming.data.tokenizer import for_generation, train_tokenizer
+
+    texts = ["the sky is blue and the sea is green.", "she opened the door and walked in.", "a man runs daily."] * 20
+    tokenizer = for_generation(train_tokenizer(texts, kind, 120, 64))
+    wrapper = SimpleNamespace(backend="causal", tok_encode=lambda text, **_: tokenizer.encode(text))
+    for context, ending in [("The sky is", "blue."), ("She opened the door and ", "walked in."), ("A man", "runs")]:
+        theirs = TemplateLM._encode_pair(wrapper, context, " " + ending)  # lm-eval adds the target delimiter
+        assert split_tokens(tokenizer, context, ending) == tuple(theirs)
+
+
 def test_acc_norm_divides_by_the_ending_length_in_characters():
     # acc takes the best sum; acc_norm the best sum per character of the ending itself (not its " " delimiter):
     # -2/1 < -3.5/2, while with the delimiter counted -2/2 > -3.5/3 would pick the first.
