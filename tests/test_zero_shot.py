@@ -261,3 +261,22 @@ def test_an_ending_longer_than_max_length_is_one_line(causal, tmp_path):
     score_items(model, tokenizer, items, longest, 3, "cpu", NO_AUTOCAST)  # an ending may fill the whole window
     with pytest.raises(UserError, match=f"eval.recipe.max_length={longest - 1}: an ending has {longest} tokens"):
         score_items(model, tokenizer, items, longest - 1, 3, "cpu", NO_AUTOCAST)
+
+
+def test_lm_eval_task_problems_are_one_line_before_any_model(tmp_path):
+    needs_lm_eval()
+    from cramming.eval.harness import check_task, task_manager
+
+    data, yamls = write_tasks(tmp_path)
+    manager = task_manager(LmEvalOptions(include_path=str(yamls)))
+    check_task("zs_generic", manager)
+    with pytest.raises(UserError, match="lm-eval knows no task 'zs_nothing'"):
+        check_task("zs_nothing", manager)
+    write_jsonl(data / "generic.jsonl", [GENERIC[0], "{broken"])
+    with pytest.raises(UserError, match="'zs_generic': its data could not be loaded: JSON parse error"):
+        check_task("zs_generic", manager)
+    (data / "generic.jsonl").unlink()
+    with pytest.raises(UserError, match="'zs_generic': its data could not be loaded"):
+        check_task("zs_generic", manager)
+    with pytest.raises(UserError, match="eval.lm_eval.include_path='/nowhere' is not a folder"):
+        task_manager(LmEvalOptions(include_path="/nowhere"))

@@ -76,12 +76,14 @@ def check_task(name: str, manager) -> None:
     if name not in manager.all_tasks:
         raise UserError(f"eval.tasks: lm-eval knows no task {name!r} (list them with `lm-eval ls tasks`; "
                         "your own YAMLs go in eval.lm_eval.include_path)")
+    from datasets.exceptions import DatasetGenerationError
     from lm_eval.tasks import get_task_dict
 
     try:
         tasks = get_task_dict([name], manager)
-    except (OSError, ValueError, KeyError, TypeError) as err:  # datasets' missing files, bad JSON, bad YAML keys
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except (OSError, ValueError, KeyError, TypeError, DatasetGenerationError) as err:  # missing or unreadable files
+        cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ is not None else err
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         raise UserError(f"lm-eval task {name!r}: its data could not be loaded: {reason}") from None
     task = tasks.get(name)
     if task is not None and "acc" not in task._metric_fn_list:
@@ -99,8 +101,7 @@ def harness_lm(checkpoint: str, tokenizer, runtime, options: LmEvalOptions, max_
     if random_init:
         model = build_causal_lm(checkpoint, True).to(runtime.device, getattr(torch, DTYPES[runtime.precision]))
         return HFLM(pretrained=model, **common)
-    return HFLM(pretrained=checkpoint, device=str(runtime.device), dtype=DTYPES[runtime.precision],
-                **common)
+    return HFLM(pretrained=checkpoint, device=str(runtime.device), dtype=DTYPES[runtime.precision], **common)
 
 
 def run_harness(lm, name: str, options: LmEvalOptions, seed: int, log_samples: bool = False) -> dict:
