@@ -73,6 +73,16 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
     return last_line_path(result, "checkpoint: ")
 
 
+@pytest.fixture(scope="session")
+def causal_checkpoint(tmp_path_factory) -> Path:
+    """A causal (gpt-tiny, clm) checkpoint from two steps on the sanity source, for zero-shot scoring."""
+    run_dir = tmp_path_factory.mktemp("causal-run")
+    result = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
+                          "name=causal", run_dir=run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return last_line_path(result, "checkpoint: ")
+
+
 def one_line_error(result, *fragments):
     """The bad-input contract: exit code 2, no traceback, exactly one `error:` line holding each fragment."""
     assert result.returncode == 2, (result.stdout[-1500:], result.stderr[-1500:])
@@ -90,6 +100,7 @@ SLOW_MODULES = {"test_eval_cli", "test_deepspeed", "test_distributed", "test_opt
                 "test_bench_kernels", "test_gpu_checks", "test_aot", "test_experiments", "test_pretrain_cli",
                 "test_sweep", "test_cli_errors", "test_help", "test_output", "test_eval_checks",
                 "test_checkpoint_tokenizer", "test_superglue_cli", "test_ner_cli", "test_squad_cli",
+                "test_zero_shot_cli",
                 # the Triton interpreter's kernel checks: each kernel call is a Python-level simulation
                 "test_attention_kernel", "test_opcheck", "test_kernel_wiring"}
 SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run",

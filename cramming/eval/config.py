@@ -35,10 +35,23 @@ class Recipe:
 
 
 @dataclass
+class LmEvalOptions:
+    """How lm-evaluation-harness runs under eval=lm-eval."""
+
+    include_path: str | None = None  # a folder of lm-eval task YAMLs (local data files work offline); null = lm-eval's own tasks
+    num_fewshot: int = 0  # examples from the task's own few-shot split before each question (0 = zero-shot)
+    limit: int | None = None  # smoke runs only: score the first N documents of each task (not comparable)
+    batch_size: int = 16  # sequences per forward pass
+
+    COMPONENT: ClassVar[tuple] = ("kind", "lm-eval")  # read only when eval.kind=lm-eval (cramming/rules.py)
+    RULES: ClassVar[dict] = {"num_fewshot": ">= 0", "limit": "> 0 or null", "batch_size": ">= 1"}
+
+
+@dataclass
 class EvalConfig:
     kind: str = "glue"  # the benchmark
-    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py)
-    data_dir: str | None = None  # a glue_data/ (or SuperGLUE, SQuAD) folder; null = the hub (nyu-mll/glue, aps/super_glue, rajpurkar/squad)
+    tasks: list[str] = field(default_factory=lambda: list(GLUE_SET))  # the tasks to run (the default: GLUE's averaged ones, eval/tasks.py); eval=zero-shot: file names, eval=lm-eval: its task names
+    data_dir: str | None = None  # a glue_data/ (or SuperGLUE, SQuAD, CoNLL, SWAG, RACE) folder; null = the hub (nyu-mll/glue, aps/super_glue, rajpurkar/squad, ...); eval=zero-shot: the <task>.jsonl folder
     seeds: int = 1  # fine-tuning runs per task; the median is reported
     baseline: str | None = None  # random-init: also fine-tune an untrained model of the same architecture
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
@@ -54,6 +67,7 @@ class EvalConfig:
     label_field: str = "label"  # eval=custom: the label column
     task_type: str | None = None  # eval=custom: classification or regression; null = inferred from the labels
     squad: SquadOptions = field(default_factory=SquadOptions)  # eval=squad: windows and answer decoding
+    lm_eval: LmEvalOptions = field(default_factory=LmEvalOptions)
 
     RULES: ClassVar[dict] = {"seeds": ">= 1", "baseline": ("random-init", None), "max_train_examples": "> 0 or null"}
     REGISTRIES: ClassVar[dict] = {"kind": "eval.benchmarks:BENCHMARKS"}

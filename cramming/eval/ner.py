@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from . import tokens  # noqa: F401  registers the "tokens" head (finetune.HEADS)
 from .benchmarks import BENCHMARKS, Custom, _check_task_list
 from .ner_metrics import entity_scores, valid_tag
 from .tasks import HubUnreachable, TaskData, offline_flag, offline_reason
-from . import tokens  # noqa: F401  registers the "tokens" head (finetune.HEADS)
-
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ every task with every seed (and the random-init baseline) -> results.json, the C
 import hashlib
 import json
 import random
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -128,6 +129,15 @@ def describe(why: dict) -> str:
     return "; ".join(say[key](value) for key, value in why.items())
 
 
+def table_scores(task, runs: list[dict], summary: dict) -> dict[str, float]:
+    """A task's table cells: the median main metric per dev split (`<task>`; MNLI's two splits, two cells), or for a
+    task with TaskData.columns (zero-shot's acc and acc_norm) each of those it reports, as `<task>/<metric>`."""
+    if not task.columns:
+        return {score_key(task.name, split): stats["median"] for split, stats in summary.items()}
+    return {f"{score_key(task.name, split)}/{metric}": statistics.median(r["final"][split][metric] for r in runs)
+            for split in task.dev for metric in task.columns if metric in runs[0]["final"][split]}
+
+
 def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: bool, label: str, progress):
     """Every task with every seed for one model; returns per-task records and the median main scores."""
     per_task, scores = {}, {}
@@ -140,8 +150,8 @@ def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: b
         per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
                                "train_examples": len(task.train), "source": task.source,
                                "recipe": asdict(recipe), "summary": summary, "runs": runs}
+        scores |= table_scores(task, runs, summary)
         for split, stats in summary.items():
-            scores[score_key(task.name, split)] = stats["median"]
             tqdm.write(f"{label} {task.name}/{split}: {task.main_metric} {stats['median']:.2f} "
                        f"(min {stats['min']:.2f}, max {stats['max']:.2f})", file=sys.stdout)
     return per_task, scores
@@ -167,6 +177,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = find_checkpoint(config)
     tokenizer, model_config = check_checkpoint(checkpoint)
+    if check_model := getattr(BENCHMARKS[config.eval.kind], "check_model", None):  # zero-shot: a causal LM only
+        check_model(model_config)
     tasks, skipped = load_tasks(config)  # every task's files read and checked before any training
     runtime = impl_.resolve(config.impl)
     torch.set_flush_denormal(True)  # as in pretraining: AdamW's moments decay into slow x86 denormals otherwise

@@ -41,6 +41,7 @@ class TaskData:
     source: str  # where it was loaded from; QQP also says how many malformed rows were skipped
     scorer: Callable | None = None  # (split, predictions, dev examples) -> metrics; None: compute_metrics
     head: str | None = None  # None: the sequence classifier (finetune.finetune); else a finetune.HEADS name
+    columns: tuple[str, ...] = ()  # metrics shown as their own table columns <task>/<metric> (zero-shot's acc, acc_norm)
 
 
 @dataclass(frozen=True)
