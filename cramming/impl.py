@@ -198,10 +198,10 @@ def compile_problem(config) -> str | None:
         return problem
     from .engines import ENGINES
 
-    engine = ENGINES.get(i.distributed)
-    if i.compile_mode != "default" and engine is not None and engine.compiles_itself:
+    if i.compile_mode != "default" and ENGINES.trait(i.distributed, "compiles_itself"):
         return invalid("impl.compile_mode", i.compile_mode, f"impl.distributed={i.distributed} compiles the model "
-                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed=ddp")
+                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed="
+                       f"{ENGINES.choices('compiles_itself', has=False)}")
     return None
 
 
