@@ -67,8 +67,10 @@ class Registry(dict):
 
     def register_one(self, name: str, **traits):
         """Register one instance of the decorated class: for options whose objects carry the behaviour."""
+        register = self.register(name, **traits)  # the traits are checked here, before the class exists
+
         def add(cls):
-            self.register(name, **traits)(cls())
+            register(cls())
             return cls
 
         return add

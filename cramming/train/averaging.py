@@ -22,7 +22,7 @@ from ..model.registry import Registry
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
-AVERAGING["none"] = None  # nothing averaged, nothing more saved
+AVERAGING.register("none")(None)  # nothing averaged, nothing more saved
 
 
 class Averager(Hook):
