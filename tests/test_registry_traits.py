@@ -8,7 +8,8 @@ import pytest
 
 from cramming.config import PretrainConfig
 from cramming.engines import ENGINES
-from cramming.engines.deepspeed import DeepSpeed, problem as deepspeed_problem
+from cramming.engines.deepspeed import DeepSpeed
+from cramming.engines.deepspeed import problem as deepspeed_problem
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.model.arch import ArchConfig
 from cramming.model.block import BLOCKS, TransformerBlock, cache_refusal

@@ -91,8 +91,9 @@ class Mup(Standard):
 
         a = config.arch
         if LINEARS.trait(a.linear, "structured") and a.linear_on:
+            dense = LINEARS.choices("structured", has=False)
             return invalid("arch.linear", a.linear, "arch.parametrization=mup needs dense projections (a structured "
-                           f"layer's factors have no single fan-in); use arch.linear={LINEARS.choices('structured', has=False)}")
+                           f"layer's factors have no single fan-in); use arch.linear={dense}")
         unscaled = [kind for kind in dict.fromkeys(a.layout) if not BLOCKS.trait(kind, "width_scaled")]
         if unscaled:
             return invalid("arch.layout", a.layout, f"arch.parametrization=mup does not scale {', '.join(unscaled)} "

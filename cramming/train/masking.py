@@ -33,8 +33,9 @@ def masks_nothing(config) -> str | None:
     from .objectives import OBJECTIVES  # objectives -> this module
 
     if not OBJECTIVES.trait(config.arch.objective, "masks_tokens"):
+        masking = OBJECTIVES.choices("masks_tokens")
         return invalid("train.masking", config.train.masking, f"arch.objective={config.arch.objective} masks "
-                       f"nothing; leave train.masking=token (or choose arch.objective={OBJECTIVES.choices('masks_tokens')})")
+                       f"nothing; leave train.masking=token (or choose arch.objective={masking})")
     return None
 
 
