@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
-from .model.registry import invalid
+from .model.registry import invalid, listed
 from .schema import register
 
 
@@ -389,7 +389,7 @@ def seq_schedule_problem(c: PretrainConfig) -> str | None:
 
     a, d = c.arch, c.data
     key, stages = "train.seq_schedule", c.train.seq_schedule
-    fixed_blocks = [kind for kind in dict.fromkeys(a.layout) if getattr(BLOCKS.get(kind), "fixed_length", False)]
+    fixed_blocks = [kind for kind in dict.fromkeys(a.layout) if BLOCKS.trait(kind, "fixed_length")]
     if not all(isinstance(stage, (list, tuple)) and len(stage) == 2 and all(isinstance(v, (int, float)) for v in stage)
                and stage[0] > 0 for stage in stages):
         return invalid(key, stages, "give [budget_fraction > 0, seq_length] pairs")
@@ -411,7 +411,7 @@ def seq_schedule_problem(c: PretrainConfig) -> str | None:
             blocks = "".join(f" and {kind}" for kind in fixed_blocks)
             return invalid(key, stages, f"its {tokens}-token sequences are longer than arch.max_seq_length="
                            f"{a.max_seq_length} ({a.position} positions{blocks} do not extrapolate); raise it, or "
-                           "use rotary, alibi, rpe or none")
+                           f"use arch.position={listed(n for n in sorted(POSITIONS) if POSITIONS[n].table is None)}")
         for pattern in dict.fromkeys(a.attention.pattern):
             if problem := PATTERNS[pattern].problem(c, tokens, "the stage length"):
                 return invalid(key, stages, f"a stage refused by arch.attention.pattern: {problem}")

@@ -90,17 +90,23 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     """`auto` picks the Triton kernels on CUDA when they can serve the model (dtype: the attention inputs', i.e.
     the autocast dtype or fp32), else SDPA, else eager. An explicit choice that cannot serve the run is an error,
     never a silent fallback."""
+    from . import kernels  # noqa: F401  registers the Triton kernels
+    from .model.attention import ATTENTION_KERNELS
+    from .model.rotary import ROTARY_IMPLS
+
     no_triton = triton_unavailable(device)
     if name == "auto":
         triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
         candidates = (["triton"] if triton_ok else []) + ["sdpa", "eager"]
         name = next(c for c in candidates if attention_unsupported(c, arch, device, dtype, documents) is None)
-    reason = (no_triton if name == "triton" else None) or attention_unsupported(name, arch, device, dtype, documents)
+    reason = ((no_triton if ATTENTION_KERNELS.trait(name, "needs_triton") else None)
+              or attention_unsupported(name, arch, device, dtype, documents))
     if reason:
         fallback = "eager" if name == "sdpa" else "sdpa"
         raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention={fallback}")
-    if rotary == "triton" and no_triton:
-        raise UserError(f"impl.rotary=triton cannot serve this run: {no_triton}; or use impl.rotary=torch")
+    if ROTARY_IMPLS.trait(rotary, "needs_triton") and no_triton:
+        raise UserError(f"impl.rotary={rotary} cannot serve this run: {no_triton}; or use impl.rotary="
+                        f"{ROTARY_IMPLS.choices('needs_triton', has=False)}")
     if rotary == "auto":
         rotary = "triton" if device.type == "cuda" and no_triton is None else "torch"
     return name, rotary
@@ -170,7 +176,7 @@ class CompileMode:
 
 COMPILE_MODES = Registry("compile mode")
 for _name in ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"):
-    COMPILE_MODES[_name] = CompileMode(_name)
+    COMPILE_MODES.register(_name)(CompileMode(_name))
 
 
 def compile_mode_problem(name: str, compiled: bool, asked, device_type: str | None) -> str | None:
@@ -178,7 +184,7 @@ def compile_mode_problem(name: str, compiled: bool, asked, device_type: str | No
     (None: not known yet), or None."""
     if name not in COMPILE_MODES:
         return f"impl.compile_mode={name!r} is not a valid option; choose one of: {', '.join(sorted(COMPILE_MODES))}"
-    if name == "default":
+    if COMPILE_MODES[name].torch_mode is None:  # torch's default: nothing asked of the compiler
         return None
     if not compiled:
         why = "impl.compile=false" if asked is False else f"impl.compile=null (off on {device_type})"
@@ -198,10 +204,10 @@ def compile_problem(config) -> str | None:
         return problem
     from .engines import ENGINES
 
-    engine = ENGINES.get(i.distributed)
-    if i.compile_mode != "default" and engine is not None and engine.compiles_itself:
+    if COMPILE_MODES[i.compile_mode].torch_mode is not None and ENGINES.trait(i.distributed, "compiles_itself"):
         return invalid("impl.compile_mode", i.compile_mode, f"impl.distributed={i.distributed} compiles the model "
-                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed=ddp")
+                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed="
+                       f"{ENGINES.choices('compiles_itself', has=False)}")
     return None
 
 

@@ -65,7 +65,7 @@ def count_parameters(model) -> int:
 
 
 def flops_per_token(model, config) -> int:
-    sparse_mlm = OBJECTIVES[config.arch.objective].scores_masked_only and config.arch.sparse_prediction
+    sparse_mlm = OBJECTIVES.trait(config.arch.objective, "scores_masked_only") and config.arch.sparse_prediction
     return forward_flops_per_token(model, config.data.seq_length, config.train.mask_prob if sparse_mlm else 1.0)
 
 
@@ -209,7 +209,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     eval_start = time.time()
     if not state.untrained:
         state.untrained = measure()
-        if getattr(NONFINITE[config.train.nonfinite], "checkpoint_first", False):
+        if NONFINITE.trait(config.train.nonfinite, "checkpoint_first"):
             checkpointer.save(model, optimizer, scaler, state)
     eval_seconds = time.time() - eval_start
     say(f"untrained validation loss {state.untrained['val_loss']:.4f}", flush=True)

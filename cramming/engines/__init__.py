@@ -13,11 +13,16 @@ from .deepspeed import DeepSpeed
 from .fsdp2 import FSDP2
 from .torchrun import Torchrun, env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
 
-ENGINES = Registry("distributed engine", ask=None)  # asked once the world is known (Engine.problem)
-ENGINES["none"] = Engine
-ENGINES["ddp"] = DDP
-ENGINES["fsdp2"] = FSDP2
-ENGINES["deepspeed"] = DeepSpeed
+ENGINES = Registry("distributed engine", ask=None, traits={  # asked once the world is known (Engine.problem)
+    "shards_weights": "each process holds only part of the parameters (train.averaging refuses that)",
+    "compiles_itself": "it calls torch.compile itself, in its own mode (impl.compile_mode refuses that)",
+    "same_world_to_resume": "its checkpoint holds one state file per rank: resumed by the same world size only",
+    "own_precision": "it casts the whole model to its own precision (impl.precision=fp8 refuses that)",
+    "active": "several processes share the run",
+    "whole_steps": "ranks agree on the clock once per optimizer step, so a step is never cut short by the budget",
+})
+for _engine in (Engine, DDP, FSDP2, DeepSpeed):
+    ENGINES.register(_engine.name)(_engine)
 CHOICES = ("auto", *ENGINES)  # impl.distributed; auto = ddp under torchrun, else none
 UNDER_TORCHRUN = "ddp"  # what auto means under torchrun
 

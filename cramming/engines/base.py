@@ -19,16 +19,15 @@ def whole_matrices(optimizer: str) -> bool:
     """Whether train.optim.name's update reads whole matrices (its entry's trait), which a sharded state breaks."""
     from ..train.optim import OPTIMIZERS  # train.optim imports the engines
 
-    return getattr(OPTIMIZERS.get(optimizer), "whole_matrices", False)
+    return OPTIMIZERS.trait(optimizer, "whole_matrices")
 
 
 class Engine:
     name = "none"
     active = False  # several processes share the run
-    stops_within_step = True  # the budget is checked inside a long accumulated step (ranks could not agree there)
     state_folder = None  # the checkpoint's sub-folder holding this engine's own state files, if it has one
-    shards_weights = False  # each process holds only part of the parameters (train.averaging refuses that)
-    compiles_itself = False  # the engine calls torch.compile itself, in its own mode (impl.compile_mode refuses that)
+    # its traits (shards_weights, compiles_itself, same_world_to_resume, own_precision: ENGINES' declaration in
+    # engines/__init__.py) are opt-in class attributes of the engines that have them
     compile_mode = "default"  # impl.compile_mode, learnt in prepare() for compile()
 
     def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):

@@ -51,9 +51,12 @@ def problem(config, runtime, microbatch: int | None) -> str | None:
         return (f"train.optim.name={train.optim.name} cannot run under ZeRO: its update reads whole matrices (Muon "
                 "orthogonalises them) and ZeRO gives each rank a slice of the optimizer state; use "
                 "impl.deepspeed.zero_stage=0, or another optimizer")
-    if train.nonfinite == "skip" and ds.zero_stage == 0 and runtime.precision != "fp16":
-        return ("train.nonfinite=skip needs DeepSpeed to check the gradients for inf/NaN, which it does under ZeRO "
-                "(impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or train.nonfinite=halt|rollback")
+    from ..train.nonfinite import NONFINITE  # train imports the engines
+
+    if NONFINITE.trait(train.nonfinite, "continues") and ds.zero_stage == 0 and runtime.precision != "fp16":
+        return (f"train.nonfinite={train.nonfinite} needs DeepSpeed to check the gradients for inf/NaN, which it "
+                "does under ZeRO (impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or "
+                f"train.nonfinite={'|'.join(NONFINITE.lacking('continues'))}")
     if ds.onebit_adam:
         import deepspeed
 
@@ -159,6 +162,7 @@ class DeepSpeed(Torchrun):
     same_world_to_resume = True  # each rank's ZeRO partition of the optimizer state is its own file
     shards_weights = True  # the fp32 master weights are partitioned by ZeRO
     compiles_itself = True  # DeepSpeed's engine compiles in place, with torch's default mode
+    own_precision = True  # it casts the whole model to bf16 / fp16 (its config), so no float8 layers
 
     @classmethod
     def join(cls, device_type: str) -> "DeepSpeed":
@@ -181,9 +185,11 @@ class DeepSpeed(Torchrun):
         if ds.zero_stage != 0:
             return ("impl.deepspeed.onebit_adam=True is invalid: DeepSpeed's 1-bit Adam does not combine with ZeRO; "
                     "set impl.deepspeed.zero_stage=0")
-        if config.train.optim.name != "adamw":
+        from ..train.optim import OPTIMIZERS  # train imports the engines
+
+        if not OPTIMIZERS.trait(config.train.optim.name, "adamw"):
             return (f"train.optim.name={config.train.optim.name!r} is invalid: impl.deepspeed.onebit_adam replaces "
-                    "the optimizer with 1-bit Adam; leave train.optim.name=adamw")
+                    f"the optimizer with 1-bit Adam; leave train.optim.name={OPTIMIZERS.choices('adamw')}")
         return None
 
     def problem(self, config, runtime, microbatch: int | None) -> str | None:

@@ -39,7 +39,7 @@ class Torchrun(Engine):
     """What every multi-process engine shares; not an engine by itself."""
 
     active = True
-    stops_within_step = False  # ranks agree on the clock once per optimizer step: all take the same microbatches
+    whole_steps = True  # ranks agree on the clock once per optimizer step: all take the same microbatches
 
     @classmethod
     def join(cls, device_type: str) -> "Torchrun":

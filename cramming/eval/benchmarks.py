@@ -9,7 +9,9 @@ from .results import COLUMNS, glue_summary
 from .superglue import SUPERGLUE_TASKS, load_superglue_task
 from .tasks import GLUE_SET, GLUE_TASKS, load_task
 
-BENCHMARKS = Registry("benchmark")  # eval.kind
+BENCHMARKS = Registry("benchmark", traits={  # eval.kind
+    "skippable": "eval.skip_missing applies: a task whose data is missing is skipped, not an error",
+})
 
 
 def _check_task_list(e, known, what: str) -> None:

@@ -37,7 +37,7 @@ def token_limit(config) -> int | None:
     if getattr(config, "model_type", None) != "crammed":
         return getattr(config, "max_position_embeddings", None)
     fixed = POSITIONS[config.position].table is not None or any(
-        getattr(BLOCKS.get(kind), "fixed_length", False) for kind in config.layout)
+        BLOCKS.trait(kind, "fixed_length") for kind in config.layout)
     return config.max_seq_length if fixed else None
 
 

@@ -82,7 +82,7 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
                 raise HubUnreachable(name, hub_down.reason)
             tasks.append(benchmark.load(name, e))
         except UserError as err:
-            if not (e.skip_missing and benchmark.skippable):
+            if not (e.skip_missing and BENCHMARKS.trait(benchmark, "skippable")):
                 raise
             hub_down = err if isinstance(err, HubUnreachable) else hub_down
             skipped[name] = str(err)

@@ -169,7 +169,7 @@ def triton_limits(arch, device=None, dtype=None) -> str | None:
     return None
 
 
-@attention_kernel("triton", serves={"window", "alibi", "documents"}, limits=triton_limits)
+@attention_kernel("triton", serves={"window", "alibi", "documents"}, limits=triton_limits, needs_triton=True)
 def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
                     stepped=None, topk=None, bias=None, scale=None, return_lse=False, documents=None):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,

@@ -21,7 +21,9 @@ from .positions import POSITIONS
 from .registry import Registry
 from .value_embeddings import ValueMix, value_layers
 
-ATTENTION_KERNELS = Registry("attention kernel")
+ATTENTION_KERNELS = Registry("attention kernel", traits={
+    "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_unavailable)",
+})
 # What a kernel may be asked beyond q, k, v and the padding / causal masks: the patterns' mask arguments (window,
 # stepped, topk), the position schemes' biases (alibi, a given score bias) and dropout.
 FEATURES = {"window": "a local window", "stepped": "stepped blocks", "topk": "top-k selection",
@@ -29,12 +31,12 @@ FEATURES = {"window": "a local window", "stepped": "stepped blocks", "topk": "to
             "documents": "document masking"}
 
 
-def attention_kernel(name: str, serves: set[str], limits=None):
+def attention_kernel(name: str, serves: set[str], limits=None, **traits):
     """Register a kernel with the FEATURES it computes; `limits(config, device, dtype)` says what else it
-    refuses (say, a head dim too large for its tiles), or is None."""
+    refuses (say, a head dim too large for its tiles), or is None; traits: ATTENTION_KERNELS' declared ones."""
     def add(fn):
         fn.serves, fn.limits = frozenset(serves), limits
-        return ATTENTION_KERNELS.register(name)(fn)
+        return ATTENTION_KERNELS.register(name, **traits)(fn)
 
     return add
 

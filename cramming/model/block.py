@@ -11,7 +11,13 @@ from .gmlp import GMLPBlock, linear_flops
 from .norms import build_norm
 from .registry import Registry
 
-BLOCKS = Registry("block")
+BLOCKS = Registry("block", traits={
+    "kv_cache": "its forward takes a KV cache slot (kv_cache.py): generation may cache it",
+    "token_subsets": "it may run on a subset of the tokens (arch.token_dropping), given their positions",
+    "takes_value_embedding": "its attention mixes arch.value_embeddings' tables into the values",
+    "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
+    "fixed_length": "it holds arch.max_seq_length-sized weights: no sequences past arch.max_seq_length",
+})
 BLOCKS.register("gmlp")(GMLPBlock)
 
 
@@ -20,11 +26,11 @@ def cache_refusal(config) -> str | None:
     `kv_cache = True` (its forward takes `cache`); the others are refused, so generation recomputes the prefix
     instead of giving a wrong answer. gMLP is refused: its spatial gate mixes positions through a learned
     (seq x seq) matrix and keeps no keys and values; caching it would mean storing every layer's gate inputs."""
-    kinds = sorted({kind for kind in config.layout if not getattr(BLOCKS.get_or_explain(kind), "kv_cache", False)})
+    kinds = sorted({kind for kind in config.layout if not BLOCKS.trait(BLOCKS.get_or_explain(kind), "kv_cache")})
     if not kinds:
         return None
     return (f"no KV cache for arch.layout={config.layout}: {', '.join(kinds)} blocks keep no keys and values (only "
-            "attention blocks do); generation recomputes the prefix at every step")
+            f"{BLOCKS.choices('kv_cache')} blocks do); generation recomputes the prefix at every step")
 
 
 @BLOCKS.register("attention")

@@ -48,7 +48,9 @@ class CrammedConfig(PretrainedConfig):
 
     @property
     def causal(self) -> bool:
-        """Attention sees only the past: the objective predicts the next token (`objective: clm`)."""
+        """Attention sees only the past: the objective predicts the next token (`objective: clm`). The one place
+        that names an objective: a saved config must answer without the training package (the objectives live in
+        cramming/train/); tests/test_registry_traits.py holds it to the objectives' `causal` trait."""
         return self.objective == "clm"
 
     def to_dict(self) -> dict:

@@ -7,7 +7,9 @@ from torch.nn import functional as F
 from .linear import build_linear
 from .registry import Registry, invalid
 
-FFNS = Registry("ffn")
+FFNS = Registry("ffn", traits={
+    "gated": "its up projection is split into a gate and a value: the down projection takes ffn_size / 2",
+})
 ACTIVATIONS = Registry("activation")
 ACTIVATIONS.register("gelu")(F.gelu)
 ACTIVATIONS.register("relu")(F.relu)
@@ -34,6 +36,8 @@ class GLU(nn.Module):
 
     This is Cramming's form: the GLU halves the width and is not rescaled to keep parameters equal.
     """
+
+    gated = True
 
     @staticmethod
     def problem(config) -> str | None:

@@ -20,13 +20,15 @@ from torch.nn import functional as F
 from .linear_btt import btt_count, btt_factors, btt_materialise, btt_multiply, btt_shapes, factorize
 from .registry import Registry, invalid
 
-LINEARS = Registry("linear layer", ask=lambda _, config: projections_problem(config))
+LINEARS = Registry("linear layer", ask=lambda _, config: projections_problem(config), traits={
+    "structured": "a product of factors, not one matrix: no single fan-in (mup), no zero init (arch.zero_init_out)",
+})
 
 
-def _register(name: str):
+def _register(name: str, **traits):
     def add(cls):
         cls.kind = name
-        return LINEARS.register(name)(cls)
+        return LINEARS.register(name, **traits)(cls)
 
     return add
 
@@ -47,7 +49,7 @@ def projections_problem(config) -> str | None:
     """What arch.linear cannot build among the projections of the parts in arch.linear_on (config: a
     PretrainConfig), or None."""
     a = config.arch
-    if a.linear == "dense":
+    if not LINEARS.trait(a.linear, "structured"):  # one matrix: any shape
         return None
     for part in a.linear_on:
         for fan_in, fan_out in block_projections(a)[part]:
@@ -66,7 +68,9 @@ def build_linear(config, part: str, in_features: int, out_features: int) -> nn.M
 
 def block_projections(config) -> dict[str, list[tuple[int, int]]]:
     """(in, out) of every projection in one block, by part: what arch.linear must be able to build."""
-    ffn_in = config.ffn_size // 2 if config.ffn == "glu" else config.ffn_size
+    from .ffn import FFNS  # ffn -> this module
+
+    ffn_in = config.ffn_size // 2 if FFNS.trait(config.ffn, "gated") else config.ffn_size
     h = config.hidden_size
     return {"attention": [(h, 3 * h), (h, h)], "ffn": [(h, config.ffn_size), (ffn_in, h)]}
 
@@ -144,7 +148,7 @@ class Dense(LinearMethods, nn.Linear):
         return self.weight
 
 
-@_register("lowrank")
+@_register("lowrank", structured=True)
 class LowRank(Structured):
     """W = U V through a rank-r bottleneck; rank defaults to min(in, out) // 4."""
 
@@ -185,7 +189,7 @@ class LowRank(Structured):
         return self.U @ self.V
 
 
-@_register("kronecker")
+@_register("kronecker", structured=True)
 class Kronecker(Structured):
     """W = A (x) B, the Kronecker product: W[i*b_out + k, j*b_in + l] = A[i, j] * B[k, l].
 
@@ -221,7 +225,7 @@ class Kronecker(Structured):
         return torch.kron(self.A, self.B)
 
 
-@_register("monarch")
+@_register("monarch", structured=True)
 class Monarch(Structured):
     """Monarch matrix (Dao et al., 2022): M = P L P^T R, with R and L block-diagonal, `blocks` blocks each.
 
@@ -277,7 +281,7 @@ class Monarch(Structured):
         return torch.block_diag(*self.L)[out_of_l] @ torch.block_diag(*self.R)[into_l]
 
 
-@_register("btt")
+@_register("btt", structured=True)
 class BTT(Structured):
     """Block Tensor-Train (Qiu et al., 2024), a generalisation of Monarch (rank 1) and of tensor-train matrices.
 
@@ -316,7 +320,7 @@ class BTT(Structured):
         return btt_materialise([core.unsqueeze(0) for core in self.cores])[0]
 
 
-@_register("btt-moe")
+@_register("btt-moe", structured=True)
 class BTTMoE(Structured):
     """A mixture of `experts` BTT matrices (Potapczynski et al., 2024): a linear router scores the experts per
     token, and the token goes through the top `experts_k`, mixed by the softmax of their scores.

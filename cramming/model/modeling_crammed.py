@@ -35,6 +35,7 @@ class CrammedPreTrainedModel(PreTrainedModel):
     config_class = CrammedConfig
     base_model_prefix = "encoder"
     _supports_sdpa = True
+    drops_tokens = False  # a head whose training forward drops tokens (arch.token_dropping) says so
 
     @property
     def logit_multiplier(self) -> float:

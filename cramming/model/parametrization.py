@@ -23,14 +23,16 @@ import math
 
 from .registry import Registry, invalid
 
-PARAMETRIZATIONS = Registry("parametrization")
+PARAMETRIZATIONS = Registry("parametrization", traits={
+    "needs_normalised_updates": "its learning-rate table is Adam's: optimizers with per-coordinate normalised steps",
+    "width_relative": "it scales by the width against a base width (a narrower copy, rtd's generator, would be "
+                      "scaled by the wrong one)",
+})
 
 
 @PARAMETRIZATIONS.register_one("standard")
 class Standard:
     """Every width gets the same init std, learning rate, logit multiplier and 1 / sqrt(d) attention."""
-
-    needs_normalised_updates = False  # any optimizer (train/optim.py asks its entry's normalised_updates)
 
     def width_multiplier(self, config) -> float:
         return 1.0
@@ -56,6 +58,7 @@ class Standard:
 @PARAMETRIZATIONS.register_one("mup")
 class Mup(Standard):
     needs_normalised_updates = True  # the lr / m table is Adam's: per-coordinate normalised steps (Lion's too)
+    width_relative = True  # m = hidden_size / mup.base_width
 
     def width_multiplier(self, config) -> float:
         return config.hidden_size / config.mup.base_width
@@ -84,12 +87,14 @@ class Mup(Standard):
     def problem(self, config) -> str | None:
         """What muP is not defined for here (config: a PretrainConfig; the optimizer: train/optim.py)."""
         from .block import BLOCKS  # block -> attention -> this module
+        from .linear import LINEARS
 
         a = config.arch
-        if a.linear != "dense" and a.linear_on:
+        if LINEARS.trait(a.linear, "structured") and a.linear_on:
+            dense = LINEARS.choices("structured", has=False)
             return invalid("arch.linear", a.linear, "arch.parametrization=mup needs dense projections (a structured "
-                           "layer's factors have no single fan-in); use arch.linear=dense")
-        unscaled = [kind for kind in dict.fromkeys(a.layout) if not getattr(BLOCKS.get(kind), "width_scaled", False)]
+                           f"layer's factors have no single fan-in); use arch.linear={dense}")
+        unscaled = [kind for kind in dict.fromkeys(a.layout) if not BLOCKS.trait(kind, "width_scaled")]
         if unscaled:
             return invalid("arch.layout", a.layout, f"arch.parametrization=mup does not scale {', '.join(unscaled)} "
                            "blocks (gMLP's spatial gate has the sequence as fan-in, not the width); use only "

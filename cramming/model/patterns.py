@@ -6,7 +6,11 @@ tokens of a KV cache, `visible`). A new pattern is one class here plus its regis
 
 from .registry import Registry, invalid
 
-PATTERNS = Registry("attention pattern")
+PATTERNS = Registry("attention pattern", traits={
+    "windowed": "its mask depends on arch.attention.window (train.window_schedule changes it)",
+    "token_subsets": "its mask holds on a subset of the tokens (arch.token_dropping): it reads no positions",
+    "absolute": "its mask depends on where the tokens are, not only on how far apart (attention.attend_at)",
+})
 
 
 @PATTERNS.register_one("global")

@@ -15,7 +15,12 @@ from .registry import Registry, invalid
 from .rotary import Rotation
 from .rpe import RelativePositionBias
 
-POSITIONS = Registry("position")
+POSITIONS = Registry("position", traits={
+    # its positions travel with the tokens, so layers may see a subset of them (arch.token_dropping): a table added
+    # at the embedding, or rotary turned by each kept token's own position; not a bias over (seq x seq) distances
+    "token_subsets": "its positions travel with the tokens: layers may see a subset of them (arch.token_dropping)",
+    "alibi": "the attention kernels add ALiBi's distance bias themselves (masks.py)",
+})
 
 
 def sinusoid_table(length: int, dim: int) -> torch.Tensor:
@@ -81,9 +86,7 @@ class PositionScheme:
     table = None  # the nn.Module class of a table added to the token embeddings (max_seq_length rows)
     alibi = False  # the attention kernels add ALiBi's distance bias themselves (masks.py)
     kernel_arg = None  # the attention kernels' argument this scheme needs (attention.FEATURES): alibi, bias
-    # its positions travel with the tokens, so layers may see a subset of them (arch.token_dropping): a table added
-    # at the embedding, or rotary turned by each kept token's own position; not a bias over (seq x seq) distances
-    token_subsets = True
+    token_subsets = False  # a trait (POSITIONS' traits): each scheme whose positions travel with the tokens says so
 
     def embedding(self, config) -> nn.Module:
         """What the embeddings add; a module that adds nothing when the scheme has no table."""
@@ -110,33 +113,36 @@ class PositionScheme:
 class NoPE(PositionScheme):
     """No positions at all (NoPE): only a causal mask tells attention the order of the tokens."""
 
+    token_subsets = True
+
 
 @POSITIONS.register_one("learned")
 class Learned(PositionScheme):
     table = LearnedPositions
+    token_subsets = True
 
 
 @POSITIONS.register_one("sinusoidal")
 class Sinusoidal(PositionScheme):
     table = SinusoidalPositions
+    token_subsets = True
 
 
 @POSITIONS.register_one("scaled-sinusoidal")
 class ScaledSinusoidal(PositionScheme):
     table = ScaledSinusoidalPositions
+    token_subsets = True
 
 
 @POSITIONS.register_one("alibi")
 class ALiBi(PositionScheme):
     alibi = True
     kernel_arg = "alibi"
-    token_subsets = False
 
 
 @POSITIONS.register_one("rpe")
 class T5RelativeBias(PositionScheme):
     kernel_arg = "bias"
-    token_subsets = False
 
     def score_bias(self, config) -> nn.Module:
         return RelativePositionBias(config)
@@ -150,6 +156,8 @@ class T5RelativeBias(PositionScheme):
 
 @POSITIONS.register_one("rotary")
 class Rotary(PositionScheme):
+    token_subsets = True  # each kept token is turned by its own position
+
     def rotation(self, config, index: int) -> Rotation | None:
         return Rotation(config) if index % config.rotary.every == 0 else None
 

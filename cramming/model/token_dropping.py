@@ -134,7 +134,7 @@ def problem(config, head) -> str | None:
     if drop.keep is None or drop.keep >= 1.0:
         return None
     key = "arch.token_dropping.keep"
-    if not getattr(head, "drops_tokens", False):
+    if head is None or not head.drops_tokens:
         return invalid(key, drop.keep, f"drops tokens in MLM pretraining only, not arch.objective={a.objective}; "
                        "set arch.objective=mlm or arch.token_dropping.keep=null")
     first, last = split(a) if drop.layers is None or len(drop.layers) == 2 else (0, 0)
@@ -145,15 +145,15 @@ def problem(config, head) -> str | None:
     if first < 0:
         return invalid("arch.token_dropping.layers", drop.layers, f"the default [num_layers // 2 - 1, num_layers - 1) "
                        f"is empty at arch.num_layers={a.num_layers}; token dropping needs at least 2 layers")
-    if not POSITIONS[a.position].token_subsets:
-        return invalid(key, drop.keep, f"needs positions that travel with the tokens (learned, sinusoidal, "
-                       f"scaled-sinusoidal, rotary, none), not arch.position={a.position}")
-    if bad := [p for p in a.attention.pattern if not PATTERNS[p].token_subsets]:
+    if not POSITIONS.trait(a.position, "token_subsets"):
+        return invalid(key, drop.keep, f"needs positions that travel with the tokens "
+                       f"({', '.join(POSITIONS.having('token_subsets'))}), not arch.position={a.position}")
+    if bad := [p for p in a.attention.pattern if not PATTERNS.trait(p, "token_subsets")]:
         return invalid(key, drop.keep, f"needs attention patterns whose masks do not follow positions, not "
-                       f"arch.attention.pattern={a.attention.pattern}; use global or topk")
-    if bad := [kind for kind in a.layout if not getattr(BLOCKS[kind], "token_subsets", False)]:
+                       f"arch.attention.pattern={a.attention.pattern}; use {PATTERNS.choices('token_subsets')}")
+    if bad := [kind for kind in a.layout if not BLOCKS.trait(kind, "token_subsets")]:
         return invalid(key, drop.keep, f"the {bad[0]} blocks of arch.layout={a.layout} mix a fixed number of "
-                       "positions; use arch.layout=[attention]")
+                       f"positions; use only {BLOCKS.choices('token_subsets')} blocks in arch.layout")
     if a.unet_skips:
         return invalid(key, drop.keep, "cannot run with arch.unet_skips=true (the skips join layers on both sides "
                        "of the dropping ones); set one of them off")

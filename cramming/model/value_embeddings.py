@@ -54,7 +54,7 @@ def problem(config) -> str | None:
                        "(table i serves layer i and its mirror among the last layers)")
     from .block import BLOCKS  # block -> attention -> this module
 
-    if k and not all(getattr(BLOCKS.get(kind), "takes_value_embedding", False) for kind in a.layout):
+    if k and not all(BLOCKS.trait(kind, "takes_value_embedding") for kind in a.layout):
         fits = ", ".join(BLOCKS.having("takes_value_embedding"))
         return invalid("arch.value_embeddings", k, f"mixes into attention values, and arch.layout={a.layout} has "
                        f"blocks without attention; use only {fits} blocks in arch.layout or arch.value_embeddings=0")

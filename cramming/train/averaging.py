@@ -22,7 +22,7 @@ from ..model.registry import Registry
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
-AVERAGING["none"] = None  # nothing averaged, nothing more saved
+AVERAGING.register("none")(None)  # nothing averaged, nothing more saved
 
 
 class Averager(Hook):
@@ -36,10 +36,10 @@ class Averager(Hook):
     def problem(cls, config) -> str | None:
         """What train.averaging refuses (config.validate asks the chosen kind): engines whose processes hold only
         parts of the weights (Engine.shards_weights)."""
-        engine = ENGINES.get(config.impl.distributed)
-        if engine is not None and engine.shards_weights:
+        if ENGINES.trait(config.impl.distributed, "shards_weights"):
             return (f"train.averaging={cls.name} cannot run under impl.distributed={config.impl.distributed}: each "
-                    "process holds only part of the weights there; use impl.distributed=ddp, or train.averaging=none")
+                    "process holds only part of the weights there; use impl.distributed="
+                    f"{ENGINES.choices('shards_weights', has=False)}, or train.averaging=none")
         return None
 
     def __init__(self, cfg, model):

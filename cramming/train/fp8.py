@@ -80,9 +80,12 @@ def fp8_problem(config) -> str | None:
         return None
     if reason := torchao_missing():
         return invalid("impl.precision", "fp8", reason)
-    if impl.distributed == "deepspeed":
-        return invalid("impl.precision", "fp8", "DeepSpeed runs the model in its own precision; use "
-                       "impl.distributed=ddp or fsdp2, or impl.precision=bf16")
+    from ..engines import ENGINES  # the engines import the trainer's modules
+
+    if ENGINES.trait(impl.distributed, "own_precision"):
+        return invalid("impl.precision", "fp8", f"impl.distributed={impl.distributed} runs the model in its own "
+                       f"precision; use impl.distributed={ENGINES.choices('own_precision', has=False)}, "
+                       "or impl.precision=bf16")
     return None
 
 

@@ -12,7 +12,9 @@ import torch
 
 from ..model.registry import Registry, invalid
 
-MASKINGS = Registry("masking")
+MASKINGS = Registry("masking", traits={
+    "reads_words": "it reads the tokenizer's word starts (MaskContext.starts_word)",
+})
 
 
 @dataclass
@@ -28,9 +30,12 @@ class MaskContext:
 
 def masks_nothing(config) -> str | None:
     """Whole words and spans need an objective that masks."""
-    if config.arch.objective == "clm":
-        return invalid("train.masking", config.train.masking, "arch.objective=clm masks nothing; leave "
-                       "train.masking=token (or choose arch.objective=mlm or rtd)")
+    from .objectives import OBJECTIVES  # objectives -> this module
+
+    if not OBJECTIVES.trait(config.arch.objective, "masks_tokens"):
+        masking = OBJECTIVES.choices("masks_tokens")
+        return invalid("train.masking", config.train.masking, f"arch.objective={config.arch.objective} masks "
+                       f"nothing; leave train.masking=token (or choose arch.objective={masking})")
     return None
 
 
@@ -53,7 +58,7 @@ def word_ids(input_ids, ctx: MaskContext) -> tuple[torch.Tensor, torch.Tensor]:
     return starts.long().cumsum(1) - 1, special
 
 
-@MASKINGS.register("whole-word", problem=masks_nothing)
+@MASKINGS.register("whole-word", problem=masks_nothing, reads_words=True)
 def whole_word_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
     """Words in random order, all of each word's pieces, until `count` tokens: every masked word is whole except
     the last one taken in a row, of which only its first pieces are masked when it does not fit. Vectorised:

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from ..model.registry import Registry
 
 EXIT_NONFINITE = 3
-NONFINITE = Registry("train.nonfinite policy")
+NONFINITE = Registry("train.nonfinite policy", traits={
+    "checkpoint_first": "it needs a checkpoint before the first step (somewhere to go back to)",
+    "continues": "it goes on from the weights it has, so the engine must not have applied a non-finite step",
+})
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Rollback:
     lr_factor: float
 
 
-@NONFINITE.register("skip")
+@NONFINITE.register("skip", continues=True)
 def skip(cfg) -> Skip:
     """Drop the step and go on, halting after train.skip.max_in_row of them in a row."""
     return Skip(cfg.skip.max_in_row)
@@ -43,10 +46,8 @@ def halt(cfg) -> Halt:
     return Halt("(train.nonfinite=halt)")
 
 
-@NONFINITE.register("rollback")
+@NONFINITE.register("rollback", checkpoint_first=True)  # from the first step on
 def rollback(cfg) -> Rollback:
     """Back to the last checkpoint, the learning rate times train.rollback.lr_factor."""
     return Rollback(cfg.rollback.lr_factor)
 
-
-rollback.checkpoint_first = True  # it needs somewhere to go back to from the first step on

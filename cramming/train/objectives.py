@@ -11,10 +11,15 @@ import torch
 from ..data.tokenizer import word_starts
 from ..model.electra import CrammedForReplacedTokenDetection
 from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
+from ..model.parametrization import PARAMETRIZATIONS
 from ..model.registry import Registry, invalid
-from .masking import MaskContext, mask_tokens
+from .masking import MASKINGS, MaskContext, mask_tokens
 
-OBJECTIVES = Registry("objective")
+OBJECTIVES = Registry("objective", traits={
+    "masks_tokens": "its batches mask tokens for the model to predict (train.masking chooses which)",
+    "causal": "its model attends causally (CrammedConfig.causal answers the same for a saved config)",
+    "scores_masked_only": "validation scores the masked positions only (the sparse head decodes only those)",
+})
 
 
 class Objective(Protocol):
@@ -41,6 +46,7 @@ class MaskedLM:
     context: MaskContext | None = None  # what the masking reads besides the ids (word starts, span parameters)
     document_sep: int | None = None  # data.document_masking: the id closing each packed document; None = off
     head = CrammedForMaskedLM  # the pretraining model (a class attribute, not a field)
+    masks_tokens = True
     scores_masked_only = True  # the sparse head (arch.sparse_prediction) decodes only the masked positions
 
     def batch(self, ids: torch.Tensor, generator) -> dict:
@@ -70,7 +76,7 @@ class CausalLM:
     context: MaskContext | None = None
     document_sep: int | None = None
     head = CrammedForCausalLM
-    scores_masked_only = False
+    causal = True
 
     def batch(self, ids: torch.Tensor, generator) -> dict:
         return {"input_ids": ids, "labels": ids, **documents_of(ids, self.document_sep)}
@@ -102,9 +108,10 @@ class ReplacedTokenDetection(MaskedLM):
     @staticmethod
     def problem(config) -> str | None:
         """What the generator's narrower copy of the architecture cannot be (config: a PretrainConfig)."""
-        if config.arch.parametrization != "standard":
+        if PARAMETRIZATIONS.trait(config.arch.parametrization, "width_relative"):
             return invalid("arch.parametrization", config.arch.parametrization, "arch.objective=rtd trains a "
-                           "generator of another width, which muP would scale by the discriminator's; use standard")
+                           "generator of another width, which muP would scale by the discriminator's; use "
+                           f"{PARAMETRIZATIONS.choices('width_relative', has=False)}")
         if config.arch.rtd.tie_embeddings and not config.arch.tie_embeddings:
             return invalid("arch.rtd.tie_embeddings", True, "the generator would predict through the shared token "
                            "embeddings, which arch.tie_embeddings=false unties from every head; set "
@@ -127,7 +134,7 @@ def build_objective(name: str, cfg_train, meta: dict, device, tokenizer=None, do
     `tokenizer` (the data folder's); documents (data.document_masking) gives the model each row's document ids."""
     special = torch.tensor(list(meta["special_ids"].values()), device=device)
     context = MaskContext(special, span_p=cfg_train.span.p, span_max_length=cfg_train.span.max_length)
-    if cfg_train.masking == "whole-word" and name != "clm":
+    if MASKINGS.trait(cfg_train.masking, "reads_words") and OBJECTIVES.trait(name, "masks_tokens"):
         if tokenizer is None:
             raise ValueError("train.masking=whole-word needs the tokenizer to find word starts")
         size = max(meta["vocab_size"], len(tokenizer))

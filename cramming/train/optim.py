@@ -14,9 +14,11 @@ from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametriz
 from ..model.registry import Registry, invalid, own_problem
 from .lion import Lion
 
-OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: run_problem(entry, config))
-# Entry traits: normalised_updates (each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam
-# table holds); whole_matrices (the update reads whole matrices, as Muon's orthogonalisation: no sharded state).
+OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: run_problem(entry, config), traits={
+    "normalised_updates": "each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam table holds",
+    "whole_matrices": "the update reads whole matrices, as Muon's orthogonalisation: no sharded optimizer state",
+    "adamw": "it is AdamW, for which DeepSpeed's 1-bit Adam (impl.deepspeed.onebit_adam) can stand in",
+})
 
 
 def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
@@ -25,11 +27,10 @@ def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.
 
 
 def optimizer_problem(name: str) -> str | None:
-    """What stops this optimizer from running here, in one line for the user, or None."""
+    """An unknown optimizer name, in one line for the user, or None (what a known one lacks here is its own
+    `problem`: muon_problem)."""
     if name not in OPTIMIZERS:
         return f"train.optim.name={name!r} is not a valid option; choose one of: {', '.join(sorted(OPTIMIZERS))}"
-    if name == "muon" and not hasattr(torch.optim, "Muon"):
-        return f"train.optim.name=muon needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
     return None
 
 
@@ -40,8 +41,8 @@ def run_problem(entry, config) -> str | None:
 
 def parametrization_problem(entry, config) -> str | None:
     """muP's learning-rate table (Tensor Programs V, Table 3) is derived for per-coordinate normalised updates."""
-    chosen = PARAMETRIZATIONS.get(config.arch.parametrization)  # unknown names: the parametrization check says so
-    if not getattr(chosen, "needs_normalised_updates", False) or getattr(entry, "normalised_updates", False):
+    needs = PARAMETRIZATIONS.trait(config.arch.parametrization, "needs_normalised_updates")  # unknown: no traits
+    if not needs or OPTIMIZERS.trait(entry, "normalised_updates"):
         return None
     fits = ", ".join(OPTIMIZERS.having("normalised_updates"))
     return invalid("train.optim.name", config.train.optim.name,
@@ -81,7 +82,7 @@ def fused_adamw(groups: list[dict], cfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
 
 
-@OPTIMIZERS.register("adamw", normalised_updates=True)
+@OPTIMIZERS.register("adamw", normalised_updates=True, adamw=True)
 def adamw(model, cfg):
     return fused_adamw(width_groups(model, cfg), cfg)
 
@@ -109,16 +110,23 @@ def hidden_matrices(model) -> list[torch.nn.Parameter]:
     return [p for p in blocks.parameters() if p.ndim == 2 and p.requires_grad]
 
 
+def muon_missing() -> str | None:
+    """This torch has no Muon."""
+    if hasattr(torch.optim, "Muon"):
+        return None
+    return f"train.optim.name=muon needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
+
+
 def muon_problem(config) -> str | None:
     """This torch has no Muon (its lr and momentum: MuonConfig.RULES)."""
-    return optimizer_problem("muon")
+    return muon_missing()
 
 
 @OPTIMIZERS.register("muon", problem=muon_problem, whole_matrices=True)
 def muon(model, cfg):
     """Muon (Jordan et al. 2024: momentum orthogonalised by a Newton-Schulz iteration) for the blocks' matrices at
     peak lr train.optim.muon.lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""
-    if problem := optimizer_problem("muon"):
+    if problem := muon_missing():
         raise UserError(problem)
     matrices = hidden_matrices(model)
     if not matrices:

@@ -128,7 +128,7 @@ def check_written_alike(path: Path, engine: Engine) -> None:
         if written_with != (engine.state_folder == kind.state_folder):
             raise UserError(f"{path} was written {'with' if written_with else 'without'} impl.distributed={name} "
                             "and must be resumed the same way")
-    if getattr(engine, "same_world_to_resume", False):
+    if ENGINES.trait(engine, "same_world_to_resume"):
         written_by = json.loads((Path(path) / MARKER).read_text()).get("world")
         if written_by != engine.world:
             raise UserError(f"{path} holds {engine.name}'s optimizer state in {written_by} partitions; resume "

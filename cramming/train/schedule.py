@@ -163,7 +163,7 @@ def window_schedule_problem(config) -> str | None:
     if abs(sum(s[0] for s in stages) - 1) > 1e-6:
         return invalid(key, stages, "the stages' budget fractions must add up to 1")
     attention = config.arch.attention
-    windowed = [p for p in dict.fromkeys(attention.pattern) if PATTERNS[p].windowed]
+    windowed = [p for p in dict.fromkeys(attention.pattern) if PATTERNS.trait(p, "windowed")]
     if not windowed:
         return invalid(key, stages, f"needs a local or stepped pattern in arch.attention.pattern (it has "
                        f"{attention.pattern}), whose window it changes")

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import TrainConfig
-from ..engines import Engine
+from ..engines import ENGINES, Engine
 from ..errors import RunStopped
 from ..model.window import set_attention_window
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
@@ -206,8 +206,8 @@ class Trainer:
                 engine.backward(p.model, loss, p.scaler)
             step_loss += loss.detach()
             done += 1
-            if engine.stops_within_step and self.clock() >= self.budget.seconds:
-                break  # out of time inside a large accumulated step: take it with what is there
+            if not ENGINES.trait(engine, "whole_steps") and self.clock() >= self.budget.seconds:
+                break  # out of time inside a large accumulated step: take it with what is there (one process)
         if done < plan.accumulation:  # rescale so the update is the mean over the microbatches actually seen
             for param in p.model.parameters():
                 if param.grad is not None:
