@@ -120,7 +120,7 @@ def test_every_objective_hands_the_model_document_ids_only_when_asked(objective)
     assert "document_ids" not in off
 
 
-def test_a_kernel_without_document_masking_is_refused_and_auto_skips_it(monkeypatch):
+def test_a_kernel_without_document_masking_is_refused():
     from cramming import impl
     from cramming.errors import UserError
 
@@ -128,13 +128,14 @@ def test_a_kernel_without_document_masking_is_refused_and_auto_skips_it(monkeypa
     def plain(q, k, v, **unused):
         raise AssertionError("never called")
 
-    monkeypatch.setitem(ATTENTION_KERNELS, "no-documents", plain)
-    config = CrammedConfig(**TINY)
-    assert kernel_refusal(plain, config) is None
-    assert "document masking (data.document_masking=true)" in kernel_refusal(plain, config, documents=True)
-    with pytest.raises(UserError, match="impl.attention=no-documents cannot serve this run: it has no document"):
-        impl.resolve_kernels("no-documents", "torch", config, torch.device("cpu"), documents=True)
-    ATTENTION_KERNELS.pop("no-documents")
+    try:
+        config = CrammedConfig(**TINY)
+        assert kernel_refusal(plain, config) is None
+        assert "document masking (data.document_masking=true)" in kernel_refusal(plain, config, documents=True)
+        with pytest.raises(UserError, match="impl.attention=no-documents cannot serve this run: it has no document"):
+            impl.resolve_kernels("no-documents", "torch", config, torch.device("cpu"), documents=True)
+    finally:
+        ATTENTION_KERNELS.pop("no-documents")  # registered by the decorator: leave the registry as it was
 
 
 def test_generating_with_document_ids_is_refused():
