@@ -33,7 +33,7 @@ def test_a_new_position_scheme_is_one_class_and_one_registry_line(monkeypatch):
     model = CrammedForMaskedLM(CrammedConfig(**TINY, position="learned-alibi"))
     assert isinstance(model.encoder.positions, LearnedPositions)
     assert all(layer.attn.alibi and layer.attn.rotary is None for layer in model.encoder.layers)
-    assert model.encoder.rpe is None
+    assert model.encoder.score_bias is None
 
     config = PretrainConfig()
     config.arch.position = "learned-alibi"

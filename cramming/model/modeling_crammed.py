@@ -7,6 +7,8 @@ question-answering and multiple-choice heads are in heads.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
+import re
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -19,16 +21,36 @@ from .block import BLOCKS, cache_refusal
 from .configuration_crammed import CrammedConfig
 from .context import Context, document_positions
 from .ffn import ACTIVATIONS
-from .gmlp import GMLPBlock
 from .inits import init_std
 from .kv_cache import CACHE_KEY, LayerCache, position_ids_from_mask, token_positions
 from .losses import LOSSES, head_logits
-from .norms import ScaleNorm, build_norm
+from .norms import build_norm
 from .parametrization import mark_hidden, parametrization
-from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
+from .positions import POSITIONS
 from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
+
+
+# Tensor names checkpoints saved before a module was renamed hold, as {old: new} patterns of transformers'
+# key_mapping (a regex and a literal, reversed when a model loaded from old names is saved in its original format).
+# from_pretrained and load_state_dict both read them, so every old checkpoint still loads.
+OLD_KEYS = {"rpe.": "score_bias."}  # issue 27: CrammedModel.rpe -> score_bias
+
+
+def current_key(key: str) -> str:
+    """The name a tensor saved as `key` has in the model now."""
+    for old, new in OLD_KEYS.items():
+        key = re.sub(rf"(^|\.){re.escape(old)}", rf"\g<1>{new}", key)
+    return key
+
+
+def _current_keys(state_dict, prefix, *args) -> None:
+    """load_state_dict's pre-hook: an old checkpoint's names renamed in place (resume, init_from, a state dict)."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        new = prefix + current_key(key[len(prefix):])
+        if new != key:
+            state_dict[new] = state_dict.pop(key)
 
 
 class CrammedPreTrainedModel(PreTrainedModel):
@@ -40,6 +62,11 @@ class CrammedPreTrainedModel(PreTrainedModel):
     def logit_multiplier(self) -> float:
         """What the LM head multiplies its input by: W (h * this) + b (1 / m under mup, else 1)."""
         return parametrization(self.config).output_multiplier(self.config)
+
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
+        """Hugging Face's loader, reading checkpoints saved before a rename too (OLD_KEYS)."""
+        return super().from_pretrained(*args, key_mapping={**OLD_KEYS, **(key_mapping or {})}, **kwargs)
 
     def init_std_for(self, module) -> float:
         """The std arch.init (and arch.zero_init_out) gives this module's weights (inits.py)."""
@@ -57,19 +84,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
-        elif hasattr(module, "reset_parameters_"):  # a structured linear layer: its factors, scaled like dense
-            module.reset_parameters_(self.init_std_for(module), init.normal_)
-        elif isinstance(module, GMLPBlock):  # the spatial gate starts as the identity on u
-            init.zeros_(module.spatial)
-            init.ones_(module.spatial_bias)
-        elif hasattr(module, "init_weights_"):  # the speedrun's mixing weights, token dropping's importance
-            module.init_weights_(init)
-        elif isinstance(module, ScaleNorm):
-            init.constant_(module.scale, module.dim**0.5)
-        elif isinstance(module, SinusoidalPositions):
-            init.copy_(module.table, sinusoid_table(*module.table.shape))
-            if isinstance(module, ScaledSinusoidalPositions):
-                init.constant_(module.scale, self.config.hidden_size**-0.5)
+        elif hasattr(module, "init_weights_"):  # every module of ours with weights of its own initialises them
+            module.init_weights_(init, self.init_std_for(module))
 
 
 def build_layers(config) -> list[nn.Module]:
@@ -95,11 +111,12 @@ class CrammedModel(CrammedPreTrainedModel):
         self.layers = nn.ModuleList(build_layers(config))
         mark_hidden(self.layers)  # arch.parametrization scales their init (inits.py) and lr (train/optim.py)
         # A score bias shared by all layers (T5's relative-position bias), computed once per forward (arch.rpe.cache)
-        # or again in every layer. The name `rpe` is what saved checkpoints hold.
-        self.rpe = positions.score_bias(config)
+        # or again in every layer. Checkpoints saved before it had this name hold it as `rpe` (OLD_KEYS).
+        self.score_bias = positions.score_bias(config)
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
         self.unet = UNetSkips(config) if config.unet_skips else None
+        self._register_load_state_dict_pre_hook(_current_keys)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -130,12 +147,13 @@ class CrammedModel(CrammedPreTrainedModel):
         # A mask of all ones is the same as no mask; skipping it keeps the fused attention paths.
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         ctx = Context(padding=padding, positions=where, documents=document_ids)
-        shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe.cache else None
+        shared_bias = (self.score_bias(seq_len, past) if self.score_bias is not None and self.config.rpe.cache
+                       else None)
         values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
 
         def at(i: int, base: Context = ctx) -> Context:
             """Layer i's context: its score bias, cache slot and value embedding."""
-            bias = shared_bias if self.rpe is None or self.config.rpe.cache else self.rpe(seq_len, past)
+            bias = shared_bias if self.score_bias is None or self.config.rpe.cache else self.score_bias(seq_len, past)
             return base._replace(bias=bias, value_embedding=values.get(i),
                                  cache=None if cache is None else LayerCache(cache, i, past))
 
