@@ -7,9 +7,8 @@ import json
 
 import pytest
 import torch
-from torch import nn
-
 from init_hashes import CASES, FIXTURE, hashes
+from torch import nn
 
 RENAMED = {".rpe.": ".score_bias."}  # issue 27: the score-bias slot's new name (old checkpoints still load)
 

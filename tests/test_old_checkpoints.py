@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from cramming.model import AUTO_MAP, CrammedConfig, CrammedForMaskedLM
 from cramming.model.modeling_crammed import OLD_KEYS, current_key
 
-TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16, position="rpe",
-            init_std=0.3)
+TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16,
+        "position": "rpe", "init_std": 0.3}
 
 
 def old_names(state: dict) -> dict:
@@ -65,6 +65,6 @@ def test_an_old_checkpoint_folder_loads_through_from_pretrained_and_the_remote_c
         torch.testing.assert_close(mlm.eval()(expected["ids"]).logits, expected["logits"], rtol=0, atol=0)
         print("ok")
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
