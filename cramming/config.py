@@ -327,7 +327,8 @@ def across_sections(c: PretrainConfig):
     from .data.share import prepared_problem
     from .engines import settings_problem
     from .impl import compile_problem
-    from .model.speedrun import problem as speedrun_problem
+    from .model import softcap, unet, value_embeddings
+    from .model.inits import zero_init_problem
     from .model.token_dropping import problem as token_dropping_problem
     from .train.fp8 import fp8_problem
     from .train.objectives import OBJECTIVES
@@ -354,7 +355,10 @@ def across_sections(c: PretrainConfig):
     yield settings_problem(c)
     yield compile_problem(c)
     yield fp8_problem(c)
-    yield speedrun_problem(c)  # the speedrun's blocks (model/speedrun.py)
+    yield softcap.problem(c)  # the speedrun's options, each checked in its module
+    yield zero_init_problem(c)
+    yield value_embeddings.problem(c)
+    yield unet.problem(c)
     yield token_dropping_problem(c, getattr(OBJECTIVES.get(a.objective), "head", None))
     if t.window_schedule:
         yield window_schedule_problem(c)

@@ -17,7 +17,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput,
                                            SequenceClassifierOutput)
 
-from .block import BLOCKS, cache_refusal
+from .block import BLOCKS, cache_problem
 from .configuration_crammed import CrammedConfig
 from .context import Context, document_positions
 from .ffn import ACTIVATIONS
@@ -206,9 +206,9 @@ class CrammedModel(CrammedPreTrainedModel):
         return document_positions(document_ids) if position_ids is None else position_ids
 
     def cache_length(self, cache, attention_mask, seq_len: int) -> int:
-        """How many tokens the cache holds, after checking that these blocks can use one (block.cache_refusal)."""
-        if (refusal := cache_refusal(self.config)) is not None:
-            raise ValueError(refusal)
+        """How many tokens the cache holds, after checking that these blocks can use one (block.cache_problem)."""
+        if (problem := cache_problem(self.config)) is not None:
+            raise ValueError(problem)
         past = cache.get_seq_length()
         if attention_mask is not None and attention_mask.shape[1] != past + seq_len:
             raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns for {past} cached and {seq_len} "
@@ -283,7 +283,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
     new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
     those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
-    blocks keep no keys and values (gMLP, block.cache_refusal) always take the uncached path. A left-padded batch
+    blocks keep no keys and values (gMLP, block.cache_problem) always take the uncached path. A left-padded batch
     generates what each prompt would alone: positions count only the real tokens (prepare_inputs_for_generation).
     """
 
@@ -315,7 +315,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         padded = attention_mask is not None and not bool(attention_mask.all())
         position_ids = position_ids_from_mask(attention_mask) if padded else None
         inputs = {"attention_mask": attention_mask, "logits_to_keep": logits_to_keep}
-        if use_cache is False or cache_refusal(self.config) is not None:
+        if use_cache is False or cache_problem(self.config) is not None:
             return {**inputs, "input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
         cache = kwargs.get(CACHE_KEY)
         cache = cache if cache is not None else DynamicCache(config=self.config)
@@ -325,12 +325,12 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
 
     def cache_to_use(self, cache, use_cache):
         """The cache this forward fills: the given one, a new DynamicCache for use_cache=True, or None. Blocks that
-        refuse a cache (block.cache_refusal) get None for the empty one generate passes; a filled one is an error."""
+        refuse a cache (block.cache_problem) get None for the empty one generate passes; a filled one is an error."""
         if use_cache is False or (cache is None and not use_cache):
             return None
-        if (refusal := cache_refusal(self.config)) is not None:
+        if (problem := cache_problem(self.config)) is not None:
             if cache is not None and cache.get_seq_length():
-                raise ValueError(refusal)
+                raise ValueError(problem)
             return None
         return cache if cache is not None else DynamicCache(config=self.config)
 
