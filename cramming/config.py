@@ -281,7 +281,9 @@ register("pretrain_schema", PretrainConfig, late=LATE_DEFAULTS)
 def load_config(cfg: DictConfig) -> PretrainConfig:
     """Hydra's composed config -> a validated PretrainConfig, or a UserError naming the bad key."""
     from .cli import check_no_missing
+    from .plugins import import_plugins
 
+    import_plugins()  # components of your own ($CRAMMING_PLUGINS), registered before the names are checked
     check_no_missing(cfg)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), cfg)

@@ -1,11 +1,10 @@
 """docs/architecture.md's "adding X takes one file", shown for each kind it names: the test writes ONE new Python
-file that defines and registers the component, imports it (as a launcher or the registry's module would), and
-the component then works through the public path, with no other file touched: a position scheme and an attention
+file that defines and registers the component, names it in $CRAMMING_PLUGINS (cramming/plugins.py: loading a
+config imports it), and the component then works through the public path, with no other file touched: a position scheme and an attention
 pattern validate and run in a model, an optimizer builds and steps, an objective builds a batch and a loss, a
 GLUE-style benchmark is fine-tuned by eval's recipe, and an engine carries a whole pretraining run. Each test
 removes its registration afterwards."""
 
-import importlib.util
 import json
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from cramming import impl as impl_
 from cramming.config import load_config
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.errors import UserError
+from cramming.plugins import VARIABLE, module_name
 from cramming.pretraining import build_model
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -28,27 +28,24 @@ VOCAB = 128
 
 
 @pytest.fixture
-def one_file(tmp_path):
-    """one_file(source, registry, name): write `source` as the only new file, import it, and unregister `name`
-    from `registry` (and forget the module) when the test ends."""
+def one_file(tmp_path, monkeypatch):
+    """one_file(source, registry, name): write `source` as the only new file and name it in $CRAMMING_PLUGINS;
+    returns its module's name (imported when a config is loaded). `name` leaves `registry` (and the module
+    sys.modules) when the test ends."""
     added = []
 
-    def write_and_import(source: str, registry: dict, name: str):
-        module_name = f"cramming_plugin_{name.replace('-', '_')}"
-        path = tmp_path / f"{module_name}.py"
+    def write(source: str, registry: dict, name: str) -> str:
+        path = tmp_path / f"{name.replace('-', '_')}.py"
         path.write_text(textwrap.dedent(source))
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        added.append((registry, name, module_name))
-        spec.loader.exec_module(module)
-        assert name in registry, f"{path.name} did not register {name!r}"
-        return module
+        monkeypatch.setenv(VARIABLE, str(path))
+        added.append((registry, name, module_name(str(path))))
+        assert name not in registry
+        return module_name(str(path))
 
-    yield write_and_import
-    for registry, name, module_name in added:
+    yield write
+    for registry, name, module in added:
         registry.pop(name, None)
-        sys.modules.pop(module_name, None)
+        sys.modules.pop(module, None)
 
 
 def config_for(*overrides, base=SMALL):
@@ -295,6 +292,22 @@ def test_an_engine_is_one_file(one_file, tmp_path):
     module = one_file(ENGINE, ENGINES, "counting")
     config = config_for("impl.distributed=counting", "train=cpu-smoke", "train.max_steps=3", "train.batch_size=8",
                         "data.max_chars=40000", "train.validation_sequences=8", "data.validation_fraction=0.1")
-    assert isinstance(setup("counting", "cpu"), module.Counting)
+    counting = sys.modules[module].Counting
+    assert isinstance(setup("counting", "cpu"), counting)
     pretrain(config, tmp_path)
-    assert module.Counting.steps == 3
+    assert counting.steps == 3
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv(VARIABLE, str(tmp_path / "missing.py"))
+    with pytest.raises(UserError, match=r"CRAMMING_PLUGINS='.*missing.py' cannot be imported"):
+        config_for()
+    monkeypatch.setenv(VARIABLE, "no_such_module_here")
+    with pytest.raises(UserError, match="CRAMMING_PLUGINS='no_such_module_here' cannot be imported"):
+        config_for()
+
+
+def test_without_the_plugin_the_name_is_refused(tmp_path):
+    """The registrations above come from the file alone: unnamed in $CRAMMING_PLUGINS, the choice is unknown."""
+    with pytest.raises(UserError, match="arch.position='half-sinusoid' is not a valid option"):
+        config_for("arch.position=half-sinusoid")
