@@ -56,7 +56,7 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
 
-def triton_unavailable(device: torch.device) -> str | None:
+def triton_problem(device: torch.device) -> str | None:
     """Why Triton kernels cannot run here, or None. On CPU they run only under the interpreter (tests)."""
     from .kernels import HAVE_TRITON
 
@@ -90,7 +90,7 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     """`auto` picks the Triton kernels on CUDA when they can serve the model (dtype: the attention inputs', i.e.
     the autocast dtype or fp32), else SDPA, else eager. An explicit choice that cannot serve the run is an error,
     never a silent fallback."""
-    no_triton = triton_unavailable(device)
+    no_triton = triton_problem(device)
     if name == "auto":
         triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
         candidates = (["triton"] if triton_ok else []) + ["sdpa", "eager"]
