@@ -68,3 +68,20 @@ def test_an_old_checkpoint_folder_loads_through_from_pretrained_and_the_remote_c
     result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+def test_a_weight_average_saved_under_the_old_names_is_restored_not_restarted(capsys):
+    """train.resume of a run saved before the rename: its EMA follows the same parameters, under their old names."""
+    from types import SimpleNamespace
+
+    from cramming.train.averaging import build_averaging
+
+    settings = SimpleNamespace(averaging="ema", ema=SimpleNamespace(decay=0.5))
+    source, target = build_averaging(settings, trained(0)), build_averaging(settings, trained(1))
+    source.update(1, 0.5)
+    saved = source.state_dict()
+    saved["names"] = [k.replace("encoder.score_bias.", "encoder.rpe.") for k in saved["names"]]
+    assert saved["names"] != target.names
+    target.load_state_dict(saved, "old-run")
+    assert "starts afresh" not in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(target.averaged(), source.averaged()))
