@@ -7,8 +7,6 @@ question-answering and multiple-choice heads are in heads.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
-import re
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -27,30 +25,10 @@ from .losses import LOSSES, head_logits
 from .norms import build_norm
 from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS
+from .renamed import OLD_KEYS, current_keys
 from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
-
-
-# Tensor names checkpoints saved before a module was renamed hold, as {old: new} patterns of transformers'
-# key_mapping (a regex and a literal, reversed when a model loaded from old names is saved in its original format).
-# from_pretrained and load_state_dict both read them, so every old checkpoint still loads.
-OLD_KEYS = {"rpe.": "score_bias."}  # issue 27: CrammedModel.rpe -> score_bias
-
-
-def current_key(key: str) -> str:
-    """The name a tensor saved as `key` has in the model now."""
-    for old, new in OLD_KEYS.items():
-        key = re.sub(rf"(^|\.){re.escape(old)}", rf"\g<1>{new}", key)
-    return key
-
-
-def _current_keys(state_dict, prefix, *args) -> None:
-    """load_state_dict's pre-hook: an old checkpoint's names renamed in place (resume, init_from, a state dict)."""
-    for key in [k for k in state_dict if k.startswith(prefix)]:
-        new = prefix + current_key(key[len(prefix):])
-        if new != key:
-            state_dict[new] = state_dict.pop(key)
 
 
 class CrammedPreTrainedModel(PreTrainedModel):
@@ -116,7 +94,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
         self.unet = UNetSkips(config) if config.unet_skips else None
-        self._register_load_state_dict_pre_hook(_current_keys)
+        self._register_load_state_dict_pre_hook(current_keys)
         self.post_init()
 
     def get_input_embeddings(self):

@@ -19,8 +19,8 @@ import torch
 
 from ..errors import UserError
 from ..hub import model_folder
-from ..model.modeling_crammed import current_key
 from ..model.registry import invalid
+from ..model.renamed import current_key
 from .from_bert import bert_layout, bert_weights
 from .resume import MARKER
 
