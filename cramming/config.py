@@ -281,7 +281,9 @@ register("pretrain_schema", PretrainConfig, late=LATE_DEFAULTS)
 def load_config(cfg: DictConfig) -> PretrainConfig:
     """Hydra's composed config -> a validated PretrainConfig, or a UserError naming the bad key."""
     from .cli import check_no_missing
+    from .plugins import import_plugins
 
+    import_plugins()  # components of your own ($CRAMMING_PLUGINS), registered before the names are checked
     check_no_missing(cfg)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), cfg)
@@ -327,7 +329,8 @@ def across_sections(c: PretrainConfig):
     from .data.share import prepared_problem
     from .engines import settings_problem
     from .impl import compile_problem
-    from .model.speedrun import problem as speedrun_problem
+    from .model import softcap, unet, value_embeddings
+    from .model.inits import zero_init_problem
     from .model.token_dropping import problem as token_dropping_problem
     from .train.fp8 import fp8_problem
     from .train.objectives import OBJECTIVES
@@ -354,7 +357,10 @@ def across_sections(c: PretrainConfig):
     yield settings_problem(c)
     yield compile_problem(c)
     yield fp8_problem(c)
-    yield speedrun_problem(c)  # the speedrun's blocks (model/speedrun.py)
+    yield softcap.problem(c)  # the speedrun's options, each checked in its module
+    yield zero_init_problem(c)
+    yield value_embeddings.problem(c)
+    yield unet.problem(c)
     yield token_dropping_problem(c, getattr(OBJECTIVES.get(a.objective), "head", None))
     if t.window_schedule:
         yield window_schedule_problem(c)

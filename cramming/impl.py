@@ -56,7 +56,7 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
 
-def triton_unavailable(device: torch.device) -> str | None:
+def triton_problem(device: torch.device) -> str | None:
     """Why Triton kernels cannot run here, or None. On CPU they run only under the interpreter (tests)."""
     from .kernels import HAVE_TRITON
 
@@ -67,16 +67,16 @@ def triton_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def attention_unsupported(name: str, arch, device=None, dtype=None, documents: bool = False) -> str | None:
+def attention_kernel_problem(name: str, arch, device=None, dtype=None, documents: bool = False) -> str | None:
     """Why attention kernel `name` cannot serve this architecture (on this CUDA device, in this dtype), or None:
-    what the kernel computes against what the arch's patterns and positions need, then the kernel's own limits."""
+    what the kernel computes against what the arch's patterns and positions need, then what its tiles cannot fit."""
     from . import kernels  # noqa: F401  registers the Triton kernels
-    from .model.attention import ATTENTION_KERNELS, kernel_refusal
+    from .model.attention import ATTENTION_KERNELS, kernel_problem
 
     if arch is None:
         return None
     kernel = ATTENTION_KERNELS[name]
-    return kernel_refusal(kernel, arch, documents) or (kernel.limits(arch, device, dtype) if kernel.limits else None)
+    return kernel_problem(kernel, arch, documents) or (kernel.fit_problem(arch, device, dtype) if kernel.fit_problem else None)
 
 
 def ieee_fp32(device: torch.device, dtype) -> bool:
@@ -92,15 +92,14 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     never a silent fallback."""
     from . import kernels  # noqa: F401  registers the Triton kernels
     from .model.attention import ATTENTION_KERNELS
-    from .model.rotary import ROTARY_IMPLS
 
-    no_triton = triton_unavailable(device)
+    no_triton = triton_problem(device)
     if name == "auto":
         triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
         candidates = (["triton"] if triton_ok else []) + ["sdpa", "eager"]
-        name = next(c for c in candidates if attention_unsupported(c, arch, device, dtype, documents) is None)
+        name = next(c for c in candidates if attention_kernel_problem(c, arch, device, dtype, documents) is None)
     reason = ((no_triton if ATTENTION_KERNELS.trait(name, "needs_triton") else None)
-              or attention_unsupported(name, arch, device, dtype, documents))
+              or attention_kernel_problem(name, arch, device, dtype, documents))
     if reason:
         fallback = "eager" if name == "sdpa" else "sdpa"
         raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention={fallback}")

@@ -29,7 +29,7 @@ from .train.averaging import average_final, build_averaging
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
-from .train.validation import PeriodicValidation, target_summary, validation_metrics
+from .train.heldout import PeriodicHeldout, target_summary, heldout_metrics
 from .train.flops import forward_flops_per_token
 from .train.fp8 import convert_to_fp8
 from .train.masking import PositionalMasks
@@ -204,7 +204,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
 
     objective = build_objective(config.arch.objective, config.train, meta, runtime.device, tokenizer,
                                 documents=config.data.document_masking)
-    measure = functools.partial(validation_metrics, engine.unwrap(model), objective, folder, meta, config.train,
+    measure = functools.partial(heldout_metrics, engine.unwrap(model), objective, folder, meta, config.train,
                                 microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
     eval_start = time.time()
     if not state.untrained:
@@ -220,7 +220,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
                   masks=PositionalMasks(config.seed, runtime.device), batches=batches, checkpointer=checkpointer,
                   log=log)
     energy = EnergyMeter.for_device(runtime.device, engine.local_rank)
-    validation = PeriodicValidation(every, measure, config.train.target_loss) if every else None
+    validation = PeriodicHeldout(every, measure, config.train.target_loss) if every else None
     trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
                       microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
                       autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])

@@ -11,7 +11,7 @@ learning rate of 5e-4 with 6 % warm-up (RoBERTa's small-model setting) instead o
 
 Measured exactly as ours is: the clock starts once the model is built, stops at the budget, and pauses while the
 validation loss is measured (every --validate-every minutes, on our validation sequences with our masks, through
-cramming.train.validation.validation_metrics). Writes <out>/metrics.jsonl, <out>/summary.json and <out>/checkpoint/
+cramming.train.heldout.heldout_metrics). Writes <out>/metrics.jsonl, <out>/summary.json and <out>/checkpoint/
 (save_pretrained plus the tokenizer, which eval.py fine-tunes like any checkpoint); summary.json comes last.
 """
 
@@ -64,15 +64,15 @@ def linear_with_warmup(fraction: float, warmup: float) -> float:
 def validation_measure(train_cfg, folder, meta, batch_size: int):
     """Our validation loss on our validation sequences and masks, for any masked LM: measure(model) -> metrics."""
     from cramming.train.objectives import build_objective
-    from cramming.train.validation import validation_metrics
+    from cramming.train.heldout import heldout_metrics
 
     objective = build_objective("mlm", train_cfg, meta, torch.device("cpu"))
-    return lambda model: validation_metrics(model, objective, folder, meta, train_cfg, batch_size,
+    return lambda model: heldout_metrics(model, objective, folder, meta, train_cfg, batch_size,
                                             torch.device("cpu"), nullcontext)
 
 
 def train(model, collator, batches, seconds: float, validation, log) -> dict:
-    """The budget loop; `validation` (our PeriodicValidation) pauses the clock. Returns steps, tokens, seconds."""
+    """The budget loop; `validation` (our PeriodicHeldout) pauses the clock. Returns steps, tokens, seconds."""
     r = HF_RECIPE
     optimizer = torch.optim.AdamW(decay_groups(model, r["weight_decay"]), lr=r["lr"], betas=r["betas"],
                                   eps=r["eps"], fused=True)
@@ -119,7 +119,7 @@ def main(argv=None) -> None:
     from cramming.data.loader import train_batches
     from cramming.data.prepare import load_tokenizer, prepare_data
     from cramming.pretraining import seed_everything
-    from cramming.train.validation import PeriodicValidation
+    from cramming.train.heldout import PeriodicHeldout
 
     config = compose_config(json.loads(args.overrides))
     folder, meta = prepare_data(config.data)  # the cache the driver already built
@@ -137,7 +137,7 @@ def main(argv=None) -> None:
 
         untrained = measure(model)
         log({"step": 0, "event": "validation", "tokens": 0, "elapsed_s": 0.0, **untrained})
-        validation = PeriodicValidation(args.validate_every, lambda: measure(model))
+        validation = PeriodicHeldout(args.validate_every, lambda: measure(model))
         result = train(model, collator, batches, args.minutes * 60, validation, log)
         final = measure(model)
         log({"step": result["steps"], **final})

@@ -39,7 +39,7 @@ def test_aot_compiles_a_fitting_config_for_every_shape_or_the_router_refuses():
     for arch in (80, 90):
         for dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
             for head_dim in (32, 64, 128, 256):
-                refused = tuning.attention_unfit(head_dim, torch_dtype, tuning.SHARED_PER_BLOCK[arch])
+                refused = tuning.shared_memory_problem(head_dim, torch_dtype, tuning.SHARED_PER_BLOCK[arch])
                 if refused:
                     assert f"sm_{arch} {dtype} d{head_dim}: router refuses triton ({refused})" in lines
                 else:

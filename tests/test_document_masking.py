@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
-from cramming.model.attention import ATTENTION_KERNELS, attention_kernel, kernel_refusal
+from cramming.model.attention import ATTENTION_KERNELS, attention_kernel, kernel_problem
 from cramming.model.context import document_positions
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS
@@ -21,7 +21,7 @@ LENGTHS = (7, 5, 9)  # documents of a 21-token row, each closed by SEP (stepped 
 
 def tiny(objective: str, position: str, pattern: str = "global", kernel: str = "sdpa", **overrides):
     options = dict(TINY, objective=objective, position=position, attention_pattern=[pattern], **overrides)
-    if kernel_refusal(ATTENTION_KERNELS[kernel], CrammedConfig(**options), documents=True) is not None:
+    if kernel_problem(ATTENTION_KERNELS[kernel], CrammedConfig(**options), documents=True) is not None:
         kernel = "eager"  # top-k keeps each query's largest scores, which only the eager kernel holds
     torch.manual_seed(0)
     head = CrammedForCausalLM if objective == "clm" else CrammedForMaskedLM
@@ -130,8 +130,8 @@ def test_a_kernel_without_document_masking_is_refused():
 
     try:
         config = CrammedConfig(**TINY)
-        assert kernel_refusal(plain, config) is None
-        assert "document masking (data.document_masking=true)" in kernel_refusal(plain, config, documents=True)
+        assert kernel_problem(plain, config) is None
+        assert "document masking (data.document_masking=true)" in kernel_problem(plain, config, documents=True)
         with pytest.raises(UserError, match="impl.attention=no-documents cannot serve this run: it has no document"):
             impl.resolve_kernels("no-documents", "torch", config, torch.device("cpu"), documents=True)
     finally:

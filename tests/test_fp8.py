@@ -21,9 +21,9 @@ from cramming.model import CrammedConfig
 from cramming.model.electra import CrammedForReplacedTokenDetection
 from cramming.model.modeling_crammed import CrammedForMaskedLM, CrammedForSequenceClassification
 from cramming.pretraining import build_model, place
-from cramming.train.fp8 import convert_to_fp8, converts, torchao_missing
+from cramming.train.fp8 import convert_to_fp8, converts, torchao_problem
 
-needs_torchao = pytest.mark.skipif(torchao_missing() is not None, reason=f"{torchao_missing()} (the fp8 extra)")
+needs_torchao = pytest.mark.skipif(torchao_problem() is not None, reason=f"{torchao_problem()} (the fp8 extra)")
 # crammed BERT's width; its head (768 x 1024 here) is big enough to convert, so only the block rule keeps it bf16
 CRAMMED = {"hidden_size": 768, "num_heads": 12, "ffn_size": 3072, "num_layers": 2, "vocab_size": 1024}
 SMALL = {"hidden_size": 256, "num_heads": 4, "ffn_size": 1024, "num_layers": 2, "vocab_size": 512}  # crammed-bert-tiny's

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cramming.model import CrammedConfig, CrammedForCausalLM
-from cramming.model.attention import ATTENTION_KERNELS, kernel_refusal
+from cramming.model.attention import ATTENTION_KERNELS, kernel_problem
 from cramming.model.kv_cache import CACHE_KEY, position_ids_from_mask
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS
@@ -28,7 +28,7 @@ def tiny_model(position: str, pattern: str, **overrides) -> CrammedForCausalLM:
     """Window and block 3, top-3; the SDPA kernel unless it refuses the pattern (top-k: eager)."""
     options = dict(TINY, position=position, attention_pattern=[pattern], attention_window=3, attention_topk=3,
                    **overrides)
-    if kernel_refusal(ATTENTION_KERNELS["sdpa"], CrammedConfig(**options)) is not None:
+    if kernel_problem(ATTENTION_KERNELS["sdpa"], CrammedConfig(**options)) is not None:
         options["attention_impl"] = "eager"
     torch.manual_seed(0)
     return CrammedForCausalLM(CrammedConfig(**options)).eval()

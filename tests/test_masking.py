@@ -52,7 +52,7 @@ def test_validation_masks_do_not_depend_on_the_microbatch(tmp_path):
     from cramming.data.prepare import prepare_data
     from cramming.impl import Runtime
     from cramming.pretraining import build_model
-    from cramming.train.validation import validation_metrics
+    from cramming.train.heldout import heldout_metrics
     from cramming.train.objectives import build_objective
 
     folder, meta = prepare_data(DataConfig(source="sanity", vocab_size=256, seq_length=32, max_chars=100_000,
@@ -63,7 +63,7 @@ def test_validation_masks_do_not_depend_on_the_microbatch(tmp_path):
     model = build_model(arch, meta["vocab_size"], meta["special_ids"], Runtime(cpu, "fp32", False, "sdpa", "torch"))
     cfg = TrainConfig(validation_sequences=24)
     objective = build_objective("mlm", cfg, meta, cpu)
-    scores = [validation_metrics(model, objective, folder, meta, cfg, micro, cpu, contextlib.nullcontext)
+    scores = [heldout_metrics(model, objective, folder, meta, cfg, micro, cpu, contextlib.nullcontext)
               for micro in (4, 8, 24)]
     assert scores[0]["val_predicted_tokens"] == scores[1]["val_predicted_tokens"] == 24 * 8  # round(0.25 * 32)
     for other in scores[1:]:

@@ -33,7 +33,7 @@ def test_a_new_position_scheme_is_one_class_and_one_registry_line(monkeypatch):
     model = CrammedForMaskedLM(CrammedConfig(**TINY, position="learned-alibi"))
     assert isinstance(model.encoder.positions, LearnedPositions)
     assert all(layer.attn.alibi and layer.attn.rotary is None for layer in model.encoder.layers)
-    assert model.encoder.rpe is None
+    assert model.encoder.score_bias is None
 
     config = PretrainConfig()
     config.arch.position = "learned-alibi"
@@ -110,17 +110,17 @@ def test_the_objective_names_its_head():
 def test_a_kernel_refuses_exactly_the_arguments_it_does_not_serve():
     """impl.attention's refusals come from what each kernel declares it computes, not from pattern names."""
     from cramming.model.arch import ArchConfig, AttentionConfig
-    from cramming.model.attention import ATTENTION_KERNELS, kernel_refusal
+    from cramming.model.attention import ATTENTION_KERNELS, kernel_problem
 
     def narrow(q, k, v, **masks):
         raise AssertionError("never called")
 
-    narrow.serves, narrow.limits = frozenset({"window"}), None
+    narrow.serves, narrow.fit_problem = frozenset({"window"}), None
     mixed = ArchConfig(attention=AttentionConfig(pattern=["local", "stepped"]))
-    assert kernel_refusal(ATTENTION_KERNELS["sdpa"], mixed) is None
-    assert kernel_refusal(narrow, mixed) == "it implements the global and local patterns, not stepped"
-    assert kernel_refusal(narrow, ArchConfig(position="alibi")) == "it has no ALiBi bias (arch.position=alibi)"
-    assert "attention dropout" in kernel_refusal(narrow, ArchConfig(attention_dropout=0.1))
+    assert kernel_problem(ATTENTION_KERNELS["sdpa"], mixed) is None
+    assert kernel_problem(narrow, mixed) == "it implements the global and local patterns, not stepped"
+    assert kernel_problem(narrow, ArchConfig(position="alibi")) == "it has no ALiBi bias (arch.position=alibi)"
+    assert "attention dropout" in kernel_problem(narrow, ArchConfig(attention_dropout=0.1))
     narrow.serves = frozenset({"window", "stepped", "alibi", "dropout"})
-    assert all(kernel_refusal(narrow, a) is None for a in
+    assert all(kernel_problem(narrow, a) is None for a in
                (mixed, ArchConfig(position="alibi"), ArchConfig(attention_dropout=0.1)))

@@ -12,7 +12,7 @@ from cramming.engines.deepspeed import DeepSpeed
 from cramming.engines.deepspeed import problem as deepspeed_problem
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.model.arch import ArchConfig
-from cramming.model.block import BLOCKS, TransformerBlock, cache_refusal
+from cramming.model.block import BLOCKS, TransformerBlock, cache_problem
 from cramming.model.ffn import FFNS
 from cramming.model.inits import zero_init_problem
 from cramming.model.linear import LINEARS, block_projections
@@ -20,7 +20,7 @@ from cramming.model.patterns import PATTERNS, Global
 from cramming.model.positions import POSITIONS, PositionScheme
 from cramming.model.registry import Registry
 from cramming.model.token_dropping import problem as token_dropping_problem
-from cramming.train.masking import masks_nothing
+from cramming.train.masking import masking_problem
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.optim import OPTIMIZERS
@@ -80,9 +80,9 @@ def test_a_block_that_takes_a_cache_is_not_refused_one(monkeypatch):
 
     layout = ArchConfig(layout=["attention", "cached"])
     monkeypatch.setitem(BLOCKS, "cached", Cached)
-    assert cache_refusal(layout) is None
+    assert cache_problem(layout) is None
     monkeypatch.setattr(Cached, "kv_cache", False)
-    assert cache_refusal(layout).startswith("no KV cache for arch.layout=['attention', 'cached']: cached blocks keep "
+    assert cache_problem(layout).startswith("no KV cache for arch.layout=['attention', 'cached']: cached blocks keep "
                                             "no keys and values (only attention blocks do)")
 
 
@@ -140,9 +140,9 @@ def test_a_gated_ffn_halves_the_down_projection(monkeypatch):
 def test_whole_word_masking_asks_whether_the_objective_masks(monkeypatch):
     config = PretrainConfig()
     config.arch.objective, config.train.masking = "clm", "whole-word"
-    assert masks_nothing(config).endswith("(or choose arch.objective=mlm or rtd)")
+    assert masking_problem(config).endswith("(or choose arch.objective=mlm or rtd)")
     monkeypatch.setattr(OBJECTIVES["clm"], "masks_tokens", True, raising=False)
-    assert masks_nothing(config) is None
+    assert masking_problem(config) is None
 
 
 def test_the_saved_config_agrees_with_the_objectives_causal_trait():

@@ -214,7 +214,7 @@ def test_window_schedule_gives_the_planned_window():
 def test_a_compiled_model_follows_a_new_window():
     """torch.compile guards on the window: after set_attention_window the compiled model computes with the new one
     (dynamo's own tracing; the eager backend keeps it cheap)."""
-    from cramming.model.window import set_attention_window
+    from cramming.model.attention import set_attention_window
 
     torch.manual_seed(0)
     model = CrammedForCausalLM(tiny(attention_pattern=["local"], attention_window=2)).eval()

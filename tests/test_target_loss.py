@@ -10,7 +10,7 @@ from test_trainer import Recorder, run
 from cramming.config import DataConfig, TrainConfig
 from cramming.data.prepare import prepare_data
 from cramming.train.trainer import Budget
-from cramming.train.validation import PeriodicValidation, target_summary
+from cramming.train.heldout import PeriodicHeldout, target_summary
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ class Clocks(Recorder):
 def race(data, losses, target, max_steps=10):
     """A run validating after every step (from step 2) with a fake measurement returning `losses` in turn."""
     measured = iter(losses)
-    validation = PeriodicValidation(1e-9, lambda: {"val_loss": next(measured)}, target)
+    validation = PeriodicHeldout(1e-9, lambda: {"val_loss": next(measured)}, target)
     recorder = Clocks()
     cfg = TrainConfig(batch_size=8, batch_ramp=0.0, max_steps=max_steps)
     result, records = run(data, Budget(seconds=3600, max_steps=max_steps), cfg, validation=validation,

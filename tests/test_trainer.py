@@ -95,13 +95,13 @@ def test_periodic_validation_pauses_the_budget_clock(sanity_data):
     steps may be slow (fewer intervals), never a validation counted as budget."""
     import time
 
-    from cramming.train.validation import PeriodicValidation
+    from cramming.train.heldout import PeriodicHeldout
 
     def measure():
         time.sleep(1.0)  # far longer than a step: a clock that kept running would end the 2 s budget early
         return {"val_loss": 1.0}
 
-    validation = PeriodicValidation(0.3 / 60, measure)  # every 0.3 s of budget
+    validation = PeriodicHeldout(0.3 / 60, measure)  # every 0.3 s of budget
     cfg = TrainConfig(batch_size=8, batch_ramp=0.0)
     started = time.perf_counter()
     result, records = run(sanity_data, Budget(seconds=2.0), cfg, validation=validation)
@@ -120,9 +120,9 @@ def test_periodic_validation_pauses_the_budget_clock(sanity_data):
 
 
 def test_periodic_validation_resumes_from_the_saved_clock():
-    from cramming.train.validation import PeriodicValidation
+    from cramming.train.heldout import PeriodicHeldout
 
-    validation = PeriodicValidation(1.0, dict)  # every 60 s
+    validation = PeriodicHeldout(1.0, dict)  # every 60 s
     assert not validation.due(130.0)  # resumed at 2 min 10 s: the next one is at 3 min, not at once
     assert not validation.due(179.0) and validation.due(181.0) and not validation.due(200.0)
 
@@ -253,10 +253,10 @@ def test_hooks_are_called_in_turn_at_their_moments(sanity_data):
     and resume around every validation (an earlier hook's time that is not budget time), end last."""
     import time
 
-    from cramming.train.validation import PeriodicValidation
+    from cramming.train.heldout import PeriodicHeldout
 
     recorder = Recorder()
-    validation = PeriodicValidation(1e-9, lambda: time.sleep(0.01) or {"val_loss": 1.0})  # due after every step
+    validation = PeriodicHeldout(1e-9, lambda: time.sleep(0.01) or {"val_loss": 1.0})  # due after every step
     cfg = TrainConfig(batch_size=8, batch_ramp=0.0, max_steps=3)
     result, records = run(sanity_data, Budget(seconds=3600, max_steps=3), cfg, validation=validation,
                           hooks=[recorder])

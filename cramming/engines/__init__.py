@@ -1,7 +1,8 @@
 """How the training processes share one run (`impl.distributed`): one process, or torchrun's processes under DDP,
 FSDP2 or DeepSpeed. One class per engine, each in its own file, registered here by name; the trainer, the
 checkpointer and the recipe call the Engine interface (base.py) and never ask which engine they have. A new engine
-is one file with its class plus one line below."""
+is one file with its class, registered there (ENGINES.register(name)(cls)) and imported by one line below or by
+$CRAMMING_PLUGINS (plugins.py)."""
 
 import os
 

@@ -87,6 +87,9 @@ register("eval_schema", EvalRunConfig)
 
 
 def load_eval_config(cfg: DictConfig) -> EvalRunConfig:
+    from ..plugins import import_plugins
+
+    import_plugins()  # components of your own ($CRAMMING_PLUGINS): a benchmark, an engine
     if "eval" in cfg and cfg.eval.get("per_task", {}) is None:  # null in the YAML, so that
         with open_dict(cfg):  # eval.per_task={rte: {epochs: 10}} may add keys Hydra's struct mode would refuse
             cfg.eval.per_task = {}

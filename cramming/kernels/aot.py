@@ -88,10 +88,10 @@ def attention_jobs(arch, dtype, head_dim, every):
     """The configs to compile for one (arch, dtype, head dim), or the router's refusal."""
     import torch
 
-    from .tuning import CONFIGS, SHARED_PER_BLOCK, attention_unfit, block_d_of, fitting, shared_bytes
+    from .tuning import CONFIGS, SHARED_PER_BLOCK, block_d_of, fitting, shared_bytes, shared_memory_problem
 
     limit, elt, block_d = SHARED_PER_BLOCK[arch], DTYPES[dtype][1], block_d_of(head_dim)
-    refusal = attention_unfit(head_dim, getattr(torch, TORCH_DTYPE[dtype]), limit)
+    problem = shared_memory_problem(head_dim, getattr(torch, TORCH_DTYPE[dtype]), limit)
     jobs = []
     for kernel in CONFIGS:
         configs = sorted(fitting(kernel, head_dim, elt, limit), key=lambda c: shared_bytes(kernel, c[0], c[1], c[3],
@@ -105,7 +105,7 @@ def attention_jobs(arch, dtype, head_dim, every):
             jobs.append({"kernel": kernel, "arch": arch, "dtype": dtype, "head_dim": head_dim, "config": label,
                          "warps": warps, "stages": stages, "constexprs": constexprs, "limit": limit,
                          "estimate": shared_bytes(kernel, m, n, stages, block_d, elt)})
-    return refusal, jobs
+    return problem, jobs
 
 
 def side_jobs(arch, dtypes):

@@ -20,7 +20,7 @@ import torch
 from ..model.attention import attention_kernel
 from .flash_kernels import triton  # None where Triton is not installed
 from . import tuning
-from .tuning import add_autotune_seconds, attention_unfit, shared_limit
+from .tuning import add_autotune_seconds, shared_limit, shared_memory_problem
 
 if triton is not None:
     from .flash_kernels import DELTA, PLAIN, TUNED
@@ -73,9 +73,9 @@ def _document_args(q, documents):
 def _forward(q, k, v, key_padding_mask, documents, causal, window, alibi, scale):
     batch, heads, seq, head_dim = q.shape
     if q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        unfit = attention_unfit(head_dim, q.dtype, shared_limit(q.device))
-        if unfit:  # the router picks SDPA for these (impl.attention=auto); say so instead of OutOfResources
-            raise ValueError(f"the Triton attention kernel cannot run here: {unfit}; use the 'sdpa' kernel")
+        problem = shared_memory_problem(head_dim, q.dtype, shared_limit(q.device))
+        if problem:  # the router picks SDPA for these (impl.attention=auto); say so instead of OutOfResources
+            raise ValueError(f"the Triton attention kernel cannot run here: {problem}; use the 'sdpa' kernel")
     out = torch.empty(batch, seq, heads, head_dim, device=q.device, dtype=q.dtype).transpose(1, 2)
     lse = torch.empty(batch, heads, seq, device=q.device, dtype=torch.float32)
     mask, smb, smn = _mask_args(q, key_padding_mask)
@@ -158,18 +158,18 @@ def _attention_backward(ctx, dout, _dlse):
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_context)
 
 
-def triton_limits(arch, device=None, dtype=None) -> str | None:
+def triton_fit_problem(arch, device=None, dtype=None) -> str | None:
     """What the kernel's tiles cannot hold: head dims past 256, or (on a known CUDA device and dtype) no launch
     config that fits the device's shared memory."""
     head_dim = arch.hidden_size // arch.num_heads
     if head_dim > 256:
         return f"it supports head dims up to 256, and arch.hidden_size / arch.num_heads = {head_dim}"
     if device is not None and device.type == "cuda" and dtype is not None:
-        return tuning.attention_unfit(head_dim, dtype, tuning.shared_limit(device))  # via the module: tests set it
+        return tuning.shared_memory_problem(head_dim, dtype, tuning.shared_limit(device))  # via the module: tests set it
     return None
 
 
-@attention_kernel("triton", serves={"window", "alibi", "documents"}, limits=triton_limits, needs_triton=True)
+@attention_kernel("triton", serves={"window", "alibi", "documents"}, fit_problem=triton_fit_problem, needs_triton=True)
 def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
                     stepped=None, topk=None, bias=None, scale=None, return_lse=False, documents=None):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,

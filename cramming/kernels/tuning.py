@@ -1,6 +1,6 @@
 """Launch configs of the attention kernels, their shared-memory estimate, and the time spent autotuning.
 
-Plain Python (no Triton import): the router (cramming.impl) asks `attention_unfit` before any work, the autotuner's
+Plain Python (no Triton import): the router (cramming.impl) asks `shared_memory_problem` before any work, the autotuner's
 pruner keeps the configs whose estimate fits the device, and `python -m cramming.kernels.aot` compiles the configs
 for sm_80/sm_90 on CPU and checks the estimate against the compiler's own number (metadata.shared).
 
@@ -68,7 +68,7 @@ def shared_limit(device: torch.device) -> int:
         return SHARED_PER_BLOCK.get(10 * major + minor, SHARED_PER_BLOCK[80])
 
 
-def attention_unfit(head_dim: int, dtype: torch.dtype, limit: int) -> str | None:
+def shared_memory_problem(head_dim: int, dtype: torch.dtype, limit: int) -> str | None:
     """Why no config of some attention kernel fits `limit` bytes at this head dim and dtype, or None."""
     elt = torch.empty((), dtype=dtype).element_size()
     for kernel in CONFIGS:

@@ -22,7 +22,7 @@ from .registry import Registry
 from .value_embeddings import ValueMix, value_layers
 
 ATTENTION_KERNELS = Registry("attention kernel", traits={
-    "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_unavailable)",
+    "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_problem)",
 })
 # What a kernel may be asked beyond q, k, v and the padding / causal masks: the patterns' mask arguments (window,
 # stepped, topk), the position schemes' biases (alibi, a given score bias) and dropout.
@@ -31,17 +31,18 @@ FEATURES = {"window": "a local window", "stepped": "stepped blocks", "topk": "to
             "documents": "document masking"}
 
 
-def attention_kernel(name: str, serves: set[str], limits=None, **traits):
-    """Register a kernel with the FEATURES it computes; `limits(config, device, dtype)` says what else it
-    refuses (say, a head dim too large for its tiles), or is None; traits: ATTENTION_KERNELS' declared ones."""
+def attention_kernel(name: str, serves: set[str], fit_problem=None, **traits):
+    """Register a kernel with the FEATURES it computes; `fit_problem(config, device, dtype)` says what else it
+    refuses (say, a head dim too large for its tiles), or is None. Not `problem`: validation asks that with the
+    run config alone (registry.own_problem). traits: ATTENTION_KERNELS' declared ones."""
     def add(fn):
-        fn.serves, fn.limits = frozenset(serves), limits
+        fn.serves, fn.fit_problem = frozenset(serves), fit_problem
         return ATTENTION_KERNELS.register(name, **traits)(fn)
 
     return add
 
 
-def kernel_refusal(kernel, config, documents: bool = False) -> str | None:
+def kernel_problem(kernel, config, documents: bool = False) -> str | None:
     """Why `kernel` cannot compute this architecture's attention (config: an ArchConfig or CrammedConfig), or
     None: each pattern and position scheme names the arguments it needs, the kernel the ones it serves; documents:
     the run keeps packed documents apart (data.document_masking)."""
@@ -210,3 +211,17 @@ class SelfAttention(nn.Module):
             y = self.kernel(q, k, v, key_padding_mask=ctx.padding, causal=self.causal, alibi=self.alibi,
                             dropout_p=dropout_p, bias=ctx.bias, **documents, **self.pattern_args, **self.scale)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
+
+
+def set_attention_window(model, window: int) -> None:
+    """A built model's attention window changed (train.window_schedule, the speedrun's window warm-up): every local
+    or stepped attention block re-reads its pattern's arguments from the config, and the config keeps the new
+    window, so a checkpoint saved afterwards loads with the window the model last trained with. model: a crammed
+    model (the module itself, not a compiled or engine wrapper)."""
+    config = model.config
+    if config.attention.window == window:
+        return
+    config.attention.window = window
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            module.pattern_args = module.pattern.kernel_args(config)

@@ -21,7 +21,7 @@ BLOCKS = Registry("block", traits={
 BLOCKS.register("gmlp")(GMLPBlock)
 
 
-def cache_refusal(config) -> str | None:
+def cache_problem(config) -> str | None:
     """Why a model of these blocks cannot generate with a KV cache, or None. A block kind opts in with
     `kv_cache = True` (its forward takes `cache`); the others are refused, so generation recomputes the prefix
     instead of giving a wrong answer. gMLP is refused: its spatial gate mixes positions through a learned

@@ -78,6 +78,11 @@ class GMLPBlock(nn.Module):
         self.causal = config.causal
         self.dropout = nn.Dropout(config.hidden_dropout)
 
+    def init_weights_(self, init, std: float) -> None:
+        """The spatial gate starts as the identity on u (its linear layers initialise themselves)."""
+        init.zeros_(self.spatial)
+        init.ones_(self.spatial_bias)
+
     def flops_per_token(self, seq_len: int) -> int:
         """up and down, the spatial mixing (each position sums seq positions over the gate's half width; the
         causal triangle is a masked full matrix, so it costs the same), and aMLP's tiny attention."""

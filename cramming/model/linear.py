@@ -121,6 +121,10 @@ class Structured(LinearMethods, nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
+    def init_weights_(self, init, std: float) -> None:
+        """The model's init hook: the factors scaled like a dense layer of this std (reset_parameters_)."""
+        self.reset_parameters_(std, init.normal_)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.multiply(x)
         return y if self.bias is None else y + self.bias.to(y.dtype)  # stays in the autocast dtype, as nn.Linear

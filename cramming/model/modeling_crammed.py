@@ -15,17 +15,17 @@ from transformers import initialization as init
 from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput,
                                            SequenceClassifierOutput)
 
-from .block import BLOCKS, cache_refusal
+from .block import BLOCKS, cache_problem
 from .configuration_crammed import CrammedConfig
 from .context import Context, document_positions
 from .ffn import ACTIVATIONS
-from .gmlp import GMLPBlock
 from .inits import init_std
 from .kv_cache import CACHE_KEY, LayerCache, position_ids_from_mask, token_positions
 from .losses import LOSSES, head_logits
-from .norms import ScaleNorm, build_norm
+from .norms import build_norm
 from .parametrization import mark_hidden, parametrization
-from .positions import POSITIONS, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
+from .positions import POSITIONS
+from .renamed import OLD_KEYS, current_keys
 from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
@@ -41,6 +41,11 @@ class CrammedPreTrainedModel(PreTrainedModel):
     def logit_multiplier(self) -> float:
         """What the LM head multiplies its input by: W (h * this) + b (1 / m under mup, else 1)."""
         return parametrization(self.config).output_multiplier(self.config)
+
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
+        """Hugging Face's loader, reading checkpoints saved before a rename too (OLD_KEYS)."""
+        return super().from_pretrained(*args, key_mapping={**OLD_KEYS, **(key_mapping or {})}, **kwargs)
 
     def init_std_for(self, module) -> float:
         """The std arch.init (and arch.zero_init_out) gives this module's weights (inits.py)."""
@@ -58,19 +63,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
-        elif hasattr(module, "reset_parameters_"):  # a structured linear layer: its factors, scaled like dense
-            module.reset_parameters_(self.init_std_for(module), init.normal_)
-        elif isinstance(module, GMLPBlock):  # the spatial gate starts as the identity on u
-            init.zeros_(module.spatial)
-            init.ones_(module.spatial_bias)
-        elif hasattr(module, "init_weights_"):  # the speedrun's mixing weights, token dropping's importance
-            module.init_weights_(init)
-        elif isinstance(module, ScaleNorm):
-            init.constant_(module.scale, module.dim**0.5)
-        elif isinstance(module, SinusoidalPositions):
-            init.copy_(module.table, sinusoid_table(*module.table.shape))
-            if isinstance(module, ScaledSinusoidalPositions):
-                init.constant_(module.scale, self.config.hidden_size**-0.5)
+        elif hasattr(module, "init_weights_"):  # every module of ours with weights of its own initialises them
+            module.init_weights_(init, self.init_std_for(module))
 
 
 def build_layers(config) -> list[nn.Module]:
@@ -96,11 +90,12 @@ class CrammedModel(CrammedPreTrainedModel):
         self.layers = nn.ModuleList(build_layers(config))
         mark_hidden(self.layers)  # arch.parametrization scales their init (inits.py) and lr (train/optim.py)
         # A score bias shared by all layers (T5's relative-position bias), computed once per forward (arch.rpe.cache)
-        # or again in every layer. The name `rpe` is what saved checkpoints hold.
-        self.rpe = positions.score_bias(config)
+        # or again in every layer. Checkpoints saved before it had this name hold it as `rpe` (OLD_KEYS).
+        self.score_bias = positions.score_bias(config)
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
         self.unet = UNetSkips(config) if config.unet_skips else None
+        self._register_load_state_dict_pre_hook(current_keys)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -131,12 +126,13 @@ class CrammedModel(CrammedPreTrainedModel):
         # A mask of all ones is the same as no mask; skipping it keeps the fused attention paths.
         padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
         ctx = Context(padding=padding, positions=where, documents=document_ids)
-        shared_bias = self.rpe(seq_len, past) if self.rpe is not None and self.config.rpe.cache else None
+        shared_bias = (self.score_bias(seq_len, past) if self.score_bias is not None and self.config.rpe.cache
+                       else None)
         values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
 
         def at(i: int, base: Context = ctx) -> Context:
             """Layer i's context: its score bias, cache slot and value embedding."""
-            bias = shared_bias if self.rpe is None or self.config.rpe.cache else self.rpe(seq_len, past)
+            bias = shared_bias if self.score_bias is None or self.config.rpe.cache else self.score_bias(seq_len, past)
             return base._replace(bias=bias, value_embedding=values.get(i),
                                  cache=None if cache is None else LayerCache(cache, i, past))
 
@@ -189,9 +185,9 @@ class CrammedModel(CrammedPreTrainedModel):
         return document_positions(document_ids) if position_ids is None else position_ids
 
     def cache_length(self, cache, attention_mask, seq_len: int) -> int:
-        """How many tokens the cache holds, after checking that these blocks can use one (block.cache_refusal)."""
-        if (refusal := cache_refusal(self.config)) is not None:
-            raise ValueError(refusal)
+        """How many tokens the cache holds, after checking that these blocks can use one (block.cache_problem)."""
+        if (problem := cache_problem(self.config)) is not None:
+            raise ValueError(problem)
         past = cache.get_seq_length()
         if attention_mask is not None and attention_mask.shape[1] != past + seq_len:
             raise ValueError(f"attention_mask has {attention_mask.shape[1]} columns for {past} cached and {seq_len} "
@@ -266,7 +262,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
     new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
     those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
-    blocks keep no keys and values (gMLP, block.cache_refusal) always take the uncached path. A left-padded batch
+    blocks keep no keys and values (gMLP, block.cache_problem) always take the uncached path. A left-padded batch
     generates what each prompt would alone: positions count only the real tokens (prepare_inputs_for_generation).
     """
 
@@ -298,7 +294,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         padded = attention_mask is not None and not bool(attention_mask.all())
         position_ids = position_ids_from_mask(attention_mask) if padded else None
         inputs = {"attention_mask": attention_mask, "logits_to_keep": logits_to_keep}
-        if use_cache is False or cache_refusal(self.config) is not None:
+        if use_cache is False or cache_problem(self.config) is not None:
             return {**inputs, "input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
         cache = kwargs.get(CACHE_KEY)
         cache = cache if cache is not None else DynamicCache(config=self.config)
@@ -308,12 +304,12 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
 
     def cache_to_use(self, cache, use_cache):
         """The cache this forward fills: the given one, a new DynamicCache for use_cache=True, or None. Blocks that
-        refuse a cache (block.cache_refusal) get None for the empty one generate passes; a filled one is an error."""
+        refuse a cache (block.cache_problem) get None for the empty one generate passes; a filled one is an error."""
         if use_cache is False or (cache is None and not use_cache):
             return None
-        if (refusal := cache_refusal(self.config)) is not None:
+        if (problem := cache_problem(self.config)) is not None:
             if cache is not None and cache.get_seq_length():
-                raise ValueError(refusal)
+                raise ValueError(problem)
             return None
         return cache if cache is not None else DynamicCache(config=self.config)
 

@@ -31,6 +31,9 @@ class ScaleNorm(nn.Module):
         self.dim, self.eps = dim, eps
         self.scale = nn.Parameter(torch.full((1,), dim**0.5))  # 1-D, not a scalar: FSDP2 shards only tensors
 
+    def init_weights_(self, init, std: float) -> None:
+        init.constant_(self.scale, self.dim**0.5)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * (self.scale / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(self.eps))
 

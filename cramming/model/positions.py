@@ -55,6 +55,9 @@ class SinusoidalPositions(nn.Module):
         super().__init__()
         self.register_buffer("table", sinusoid_table(config.max_seq_length, config.hidden_size), persistent=False)
 
+    def init_weights_(self, init, std: float) -> None:
+        init.copy_(self.table, sinusoid_table(*self.table.shape))
+
     def forward(self, seq_len: int, offset: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
         return rows(self.table, seq_len, offset, ids)
 
@@ -65,6 +68,10 @@ class ScaledSinusoidalPositions(SinusoidalPositions):
     def __init__(self, config):
         super().__init__(config)
         self.scale = nn.Parameter(torch.full((1,), 1.0 / math.sqrt(config.hidden_size)))  # 1-D for FSDP2
+
+    def init_weights_(self, init, std: float) -> None:
+        super().init_weights_(init, std)
+        init.constant_(self.scale, self.table.shape[1] ** -0.5)  # the table is hidden_size wide
 
     def forward(self, seq_len: int, offset: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.scale * rows(self.table, seq_len, offset, ids)

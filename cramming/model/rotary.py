@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .registry import Registry
 
 ROTARY_IMPLS = Registry("rotary kernel", traits={
-    "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_unavailable)",
+    "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_problem)",
 })
 
 _TABLES: dict = {}

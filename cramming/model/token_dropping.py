@@ -74,7 +74,7 @@ class TokenImportance(nn.Module):
         self.pad = config.pad_token_id
         self.register_buffer("loss", torch.full((config.vocab_size,), math.log(config.vocab_size)))
 
-    def init_weights_(self, init) -> None:
+    def init_weights_(self, init, std: float) -> None:
         init.constant_(self.loss, math.log(self.loss.shape[0]))
 
     @torch.no_grad()

@@ -14,7 +14,7 @@ class UNetSkips(nn.Module):
         self.num_layers = config.num_layers
         self.weights = nn.Parameter(torch.ones(config.num_layers // 2))
 
-    def init_weights_(self, init) -> None:
+    def init_weights_(self, init, std: float) -> None:
         init.ones_(self.weights)
 
     def forward(self, index: int, x: torch.Tensor, outputs: list[torch.Tensor]) -> torch.Tensor:

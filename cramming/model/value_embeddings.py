@@ -35,7 +35,7 @@ class ValueMix(nn.Module):
         super().__init__()
         self.weights = nn.Parameter(torch.full((2,), 0.5))
 
-    def init_weights_(self, init) -> None:
+    def init_weights_(self, init, std: float) -> None:
         init.constant_(self.weights, 0.5)
 
     def forward(self, v: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..engines import ENGINES
 from ..model.registry import Registry
+from ..model.renamed import current_key
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
@@ -86,7 +87,8 @@ class Averager(Hook):
     def load_state_dict(self, saved: dict | None, where) -> None:
         """Restore `saved` (from a checkpoint), or start afresh, saying so, when it holds no average of this kind
         for these parameters (a checkpoint written with another train.averaging, given as train.resume)."""
-        if saved is None or saved.get("kind") != self.name or saved.get("names") != self.names:
+        names = [current_key(n) for n in saved.get("names", [])] if saved else None  # saved before a rename too
+        if saved is None or saved.get("kind") != self.name or names != self.names:
             print(f"{where} holds no {self.name} average of this model; train.averaging={self.name} starts "
                   "afresh from here", flush=True)
             return

@@ -38,7 +38,7 @@ def converts(name: str, module: nn.Module, min_elements: int) -> bool:
     return module.in_features * module.out_features >= min_elements
 
 
-def torchao_missing() -> str | None:
+def torchao_problem() -> str | None:
     """Why torchao's float8 training cannot be imported, or None (cramming/__init__.py quiets its import)."""
     try:
         import torchao.float8  # noqa: F401
@@ -59,7 +59,7 @@ def float8_config(fp8):
 def convert_to_fp8(model: nn.Module, fp8) -> list[str]:
     """Swap the layers `converts` picks for torchao's Float8Linear, in place; returns their names. The weights
     stay the same Parameter objects (ties and optimizer groups hold); the instance marks in CARRIED move over."""
-    if reason := torchao_missing():
+    if reason := torchao_problem():
         raise UserError(f"impl.precision=fp8: {reason}")
     from torchao.float8 import convert_to_float8_training
 
@@ -78,7 +78,7 @@ def fp8_problem(config) -> str | None:
     impl = config.impl
     if impl.precision != "fp8":
         return None
-    if reason := torchao_missing():
+    if reason := torchao_problem():
         return invalid("impl.precision", "fp8", reason)
     from ..engines import ENGINES  # the engines import the trainer's modules
 

@@ -9,7 +9,7 @@ A hook overrides only the moments it cares about; every method is a no-op here. 
 - on_rollback(saved, path) after train.nonfinite=rollback loaded a checkpoint's weights (`saved`: its state.pt),
 - on_end(trainer, state) when the budget is spent.
 The energy meter, the weight averaging and the periodic validation are hooks (energy.py, averaging.py,
-validation.py); a new one is a class with the methods it needs, given to the Trainer in `hooks`. A hook may end
+heldout.py); a new one is a class with the methods it needs, given to the Trainer in `hooks`. A hook may end
 the run early and cleanly with trainer.end(why) (the validation reaching train.target_loss): the loop stops
 before its next step, then on_end and the final validation run as after a spent budget.
 """

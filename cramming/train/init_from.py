@@ -20,6 +20,7 @@ import torch
 from ..errors import UserError
 from ..hub import model_folder
 from ..model.registry import invalid
+from ..model.renamed import current_key
 from .from_bert import bert_layout, bert_weights
 from .resume import MARKER
 
@@ -69,7 +70,7 @@ def _checkpoint(folder: Path, value: str) -> Source:
     weights = load_file(folder / "model.safetensors")
     saved = json.loads((folder / "config.json").read_text())
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # ours has no code: no trust_remote_code needed
-    return Source("checkpoint", folder, weights, {k: k for k in weights}, _ours(saved), tokenizer)
+    return Source("checkpoint", folder, *_renamed(weights), _ours(saved), tokenizer)
 
 
 def _step(folder: Path, value: str) -> Source:
@@ -84,7 +85,14 @@ def _step(folder: Path, value: str) -> Source:
         raise UserError(invalid(KEY, value, "carries no tokenizer (written before step folders held one); start "
                                 "from the run's checkpoint/ folder"))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-    return Source("step", folder, saved["model"], {k: k for k in saved["model"]}, _ours(arch), tokenizer)
+    return Source("step", folder, *_renamed(saved["model"]), _ours(arch), tokenizer)
+
+
+def _renamed(weights: dict) -> tuple[dict, dict]:
+    """Our saved tensors under their current names (a checkpoint saved before a rename: OLD_KEYS), and each
+    one's saved name, for the messages."""
+    current = {current_key(k): k for k in weights}
+    return {new: weights[old] for new, old in current.items()}, current
 
 
 def _ours(arch: dict) -> dict:

@@ -28,7 +28,7 @@ class MaskContext:
     span_max_length: int = 10
 
 
-def masks_nothing(config) -> str | None:
+def masking_problem(config) -> str | None:
     """Whole words and spans need an objective that masks."""
     from .objectives import OBJECTIVES  # objectives -> this module
 
@@ -58,7 +58,7 @@ def word_ids(input_ids, ctx: MaskContext) -> tuple[torch.Tensor, torch.Tensor]:
     return starts.long().cumsum(1) - 1, special
 
 
-@MASKINGS.register("whole-word", problem=masks_nothing, reads_words=True)
+@MASKINGS.register("whole-word", problem=masking_problem, reads_words=True)
 def whole_word_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
     """Words in random order, all of each word's pieces, until `count` tokens: every masked word is whole except
     the last one taken in a row, of which only its first pieces are masked when it does not fit. Vectorised:
@@ -88,7 +88,7 @@ def span_lengths(shape, p: float, max_length: int, generator, device) -> torch.T
     return lengths.clamp_(1, max_length)
 
 
-@MASKINGS.register("span", problem=masks_nothing)
+@MASKINGS.register("span", problem=masking_problem)
 def span_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
     """SpanBERT's: `count` spans per row (never fewer than needed) with geometric lengths and uniform starts,
     taken in order until `count` tokens are masked; a token covered twice counts once, the last span taken is

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..engines import ENGINES, Engine
 from ..errors import RunStopped
-from ..model.window import set_attention_window
+from ..model.attention import set_attention_window
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .hooks import Hook
 from .masking import PositionalMasks

@@ -136,10 +136,10 @@ def fp8_run(device, args, has_gpu: bool, e2e: dict) -> tuple[dict | None, str | 
     capability 8.9 has no float8 tensor cores; torchao missing (the fp8 extra)."""
     from cramming.config import Fp8Config
     from cramming.impl import fp8_device_problem
-    from cramming.train.fp8 import torchao_missing
+    from cramming.train.fp8 import torchao_problem
 
     smoke = args.smoke or not has_gpu
-    if why := torchao_missing() or (None if smoke else fp8_device_problem(Fp8Config(), device)):
+    if why := torchao_problem() or (None if smoke else fp8_device_problem(Fp8Config(), device)):
         return None, f"not measured: {why}"
     return end_to_end(device, 2 if args.smoke else args.gpu_batch, 2 if args.smoke else 20, 1 if args.smoke else 5,
                       smoke=smoke, fp8=True), None

@@ -9,7 +9,7 @@ What makes it fair: the same tokenizer and the same token sequences in the same 
 cramming.data.loader.train_batches with the same seed), the same recipe around the model (peak lr, betas, eps,
 weight decay, gradient clipping, the budget-triangle schedule and the batch-size ramp driven by the same budget
 clock, microbatch 32), the same budget measured the same way (the clock starts once the model is built and stops the
-step in progress when it runs out), and one evaluation for both: cramming.train.validation.validation_metrics on the
+step in progress when it runs out), and one evaluation for both: cramming.train.heldout.heldout_metrics on the
 same validation sequences with the same masks (25 %, seeded), our model reloaded from its checkpoint. Both runs take
 turns on the same machine, one after the other, so noise shows up as tokens trained, not as a different measure.
 """
@@ -94,11 +94,11 @@ def train_hf(config, folder: Path, meta: dict, seconds: float) -> tuple[torch.nn
 
 def evaluate(model, config, folder: Path, meta: dict) -> dict:
     from cramming.config import microbatch_size
-    from cramming.train.validation import validation_metrics
+    from cramming.train.heldout import heldout_metrics
     from cramming.train.objectives import build_objective
 
     objective = build_objective("mlm", config.train, meta, torch.device("cpu"))
-    return validation_metrics(model, objective, folder, meta, config.train, microbatch_size(config),
+    return heldout_metrics(model, objective, folder, meta, config.train, microbatch_size(config),
                               torch.device("cpu"), nullcontext)
 
 

@@ -1,4 +1,5 @@
-"""Validation loss and accuracy on the held-out split, with the same masks every time it is measured."""
+"""The held-out loss and accuracy (the run's validation split, train.validate_every_minutes), with the same masks every
+time it is measured. Named for what it measures: config checks are `validate` in config.py."""
 
 import torch
 
@@ -10,7 +11,7 @@ VALIDATION_SEED = 1234
 
 
 @torch.no_grad()  # not inference_mode: FSDP2 would keep its unsharded weights as inference tensors
-def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: int, device, autocast) -> dict:
+def heldout_metrics(model, objective, folder, meta, cfg_train, batch_size: int, device, autocast) -> dict:
     """Each row's masks are drawn from its position in the validation split, so every run (any microbatch, any
     model) is scored on the same masked tokens."""
     was_training = model.training
@@ -32,10 +33,10 @@ def validation_metrics(model, objective, folder, meta, cfg_train, batch_size: in
     return {"val_loss": total_loss / count, "val_accuracy": correct / count, "val_predicted_tokens": count}
 
 
-class PeriodicValidation(Hook):
+class PeriodicHeldout(Hook):
     """train.validate_every_minutes: the validation loss during the run, for loss-by-time curves and time-to-loss.
     It is due each time the budget clock passes another multiple of the interval; the clock pauses while it
-    runs, so validating costs wall time but no training. `measure` returns validation_metrics' dict.
+    runs, so validating costs wall time but no training. `measure` returns heldout_metrics' dict.
 
     With a `target` (train.target_loss) the first validation at or below it ends the loop (trainer.end), agreed by
     all ranks; `reached_at` is the budget clock of that validation, the race's time to target."""
@@ -73,7 +74,7 @@ class PeriodicValidation(Hook):
                         f"{state.elapsed:.1f} budget seconds, step {state.step}")
 
 
-def target_summary(validation: PeriodicValidation | None) -> dict:
+def target_summary(validation: PeriodicHeldout | None) -> dict:
     """train_summary.json's race keys (train.target_loss). seconds_to_target is on the budget clock: training
     seconds, the first step's compile and checkpoint writes included, validations excluded; null if not reached."""
     target = validation.target if validation else None

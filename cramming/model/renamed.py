@@ -1,0 +1,25 @@
+"""Tensor names that checkpoints saved before a module of the model was renamed hold, and where they live now.
+Read by from_pretrained (transformers' key_mapping), by load_state_dict (a pre-hook: resume, a state dict) and by
+train.init_from and train.averaging, so every old checkpoint still loads. Only the standard library: Hugging Face
+copies this folder flat next to the weights."""
+
+import re
+
+# {old: new} patterns of transformers' key_mapping: a regex and a literal (reversed when a model loaded from old
+# names is saved in its original format).
+OLD_KEYS = {"rpe.": "score_bias."}  # issue 27: CrammedModel.rpe -> score_bias
+
+
+def current_key(key: str) -> str:
+    """The name a tensor saved as `key` has in the model now."""
+    for old, new in OLD_KEYS.items():
+        key = re.sub(rf"(^|\.){re.escape(old)}", rf"\g<1>{new}", key)
+    return key
+
+
+def current_keys(state_dict, prefix, *args) -> None:
+    """load_state_dict's pre-hook: an old checkpoint's names renamed in place (resume, init_from, a state dict)."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        new = prefix + current_key(key[len(prefix):])
+        if new != key:
+            state_dict[new] = state_dict.pop(key)
