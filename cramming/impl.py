@@ -92,6 +92,7 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     never a silent fallback."""
     from . import kernels  # noqa: F401  registers the Triton kernels
     from .model.attention import ATTENTION_KERNELS
+    from .model.rotary import ROTARY_IMPLS
 
     no_triton = triton_problem(device)
     if name == "auto":
