@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from ..errors import UserError
 from ..model.registry import Registry
-from .tasks import HubUnreachable, offline_flag, offline_reason
+from .tasks import load_hub
 
 
 @dataclass
@@ -135,18 +135,8 @@ def read_squad_file(path: Path, version: int) -> list[SquadExample]:
 
 def read_squad_hub(spec: SquadVersion, split: str) -> list[SquadExample]:
     """One split of the hub copy (or the datasets cache, offline), checked as the files are."""
-    reason = offline_reason()
-    if reason and not offline_flag():
-        raise HubUnreachable(spec.name, f"the hub dataset {spec.hub!r} is unreachable ({reason}); "
-                             "pass eval.data_dir=<folder with the official SQuAD JSON files>")
-    try:
-        from datasets import load_dataset
-
-        rows = load_dataset(spec.hub, split=split)
-    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
-        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(spec.name, f"the hub dataset {spec.hub!r} is unreachable ({detail}); offline, "
-                             "pass eval.data_dir=<folder with the official SQuAD JSON files>") from None
+    rows = load_hub(spec.name, spec.hub, split=split,
+                    fix="eval.data_dir=<folder with the official SQuAD JSON files>")
     examples = []
     for i, row in enumerate(rows):
         here = f"hub:{spec.hub} {split} row {i} (question id {row['id']})"

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..model.registry import Registry
 from . import superglue_metrics as m
-from .tasks import Example, HubUnreachable, TaskData, offline_flag, offline_reason
+from .tasks import Example, TaskData, load_hub
 
 HUB_DATASET = "aps/super_glue"
 
@@ -292,18 +292,8 @@ HUB_SPLITS = {"train": "train", "dev": "validation"}  # the diagnostics: their o
 
 def _read_hub(spec: SuperGlueTask, split: str) -> list[tuple[dict, str]]:
     """The task's split from `aps/super_glue` (or the datasets cache, offline); any failure means: local files."""
-    reason = offline_reason()
-    if reason and not offline_flag():
-        raise HubUnreachable(spec.name, f"the hub dataset {HUB_DATASET!r} is unreachable ({reason}); "
-                             "pass eval.data_dir=<SuperGLUE folder>")
-    try:
-        from datasets import load_dataset
-
-        dataset = load_dataset(HUB_DATASET, spec.hub_config, split=HUB_SPLITS.get(split, "test"))
-    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
-        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(spec.name, f"the hub dataset {HUB_DATASET!r} is unreachable ({detail}); "
-                             "offline, pass eval.data_dir=<SuperGLUE folder>") from None
+    dataset = load_hub(spec.name, HUB_DATASET, spec.hub_config, split=HUB_SPLITS.get(split, "test"),
+                       fix="eval.data_dir=<SuperGLUE folder>")
     rows = []
     for i, row in enumerate(dataset):
         where = f"hub:{HUB_DATASET}/{spec.hub_config} {HUB_SPLITS.get(split, 'test')} row {i}"

@@ -16,7 +16,7 @@ from ..config import check
 from ..errors import UserError
 from .benchmarks import BENCHMARKS, Glue, _check_task_list
 from .choice_head import ChoiceExample
-from .tasks import HubUnreachable, TaskData, offline_flag, offline_reason
+from .tasks import TaskData, load_hub
 
 SWAG_HUB, SWAG_CONFIG = "allenai/swag", "regular"
 RACE_HUB = "ehovy/race"
@@ -159,18 +159,7 @@ def load_race(name: str, data_dir: str | None) -> TaskData:
 
 def _hub_rows(dataset: str, config: str, split: str, task: str, folder: str) -> list[tuple[dict, str]]:
     """(row, where) of one hub split (or the datasets cache, offline); any failure means: use local files."""
-    reason = offline_reason()
-    if reason and not offline_flag():
-        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({reason}); "
-                             f"pass eval.data_dir={folder}")
-    try:
-        from datasets import load_dataset
-
-        rows = load_dataset(dataset, config, split=split)
-    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
-        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({detail}); "
-                             f"offline, pass eval.data_dir={folder}") from None
+    rows = load_hub(task, dataset, config, split=split, fix=f"eval.data_dir={folder}")
     return [(dict(row), f"hub:{dataset}/{config} {split} row {i}") for i, row in enumerate(rows)]
 
 

@@ -257,6 +257,22 @@ def hub_cache_folder(spec: TaskSpec) -> Path | None:
     return folder if any(p.is_dir() for p in folder.glob("*/*")) else None
 
 
+def load_hub(task: str, dataset: str, *args, fix: str, **kwargs):
+    """datasets.load_dataset(dataset, *args, **kwargs) (the datasets cache, offline), or HubUnreachable saying
+    `fix`, what to pass instead: when the hub cannot be reached, or the load fails in any way."""
+    reason = offline_reason()
+    if reason and not offline_flag():
+        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({reason}); pass {fix}")
+    try:
+        from datasets import load_dataset
+
+        return load_dataset(dataset, *args, **kwargs)
+    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
+        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({detail}); offline, pass {fix}"
+                             ) from None
+
+
 def _load_hub(spec: TaskSpec):
     """Download (or reuse the datasets cache) `nyu-mll/glue`; any failure there means: use local files."""
     reason, cached = offline_reason(), hub_cache_folder(spec)
