@@ -172,12 +172,15 @@ def keep_predictions(run_dir: Path, label: str, per_task: dict) -> dict[Path, di
 
 
 def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
+    """The evaluation top to bottom: checkpoint -> every task's data, checked -> fine-tune (or score) every model,
+    task and seed -> results.json, the CSV row, the table, the model card. Returns results.json's path."""
     started = time.time()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = find_checkpoint(config)
     tokenizer, model_config = check_checkpoint(checkpoint)
-    if check_model := getattr(BENCHMARKS[config.eval.kind], "check_model", None):  # zero-shot: a causal LM only
+    benchmark = BENCHMARKS[config.eval.kind]
+    if check_model := getattr(benchmark, "check_model", None):  # zero-shot: a causal LM only
         check_model(model_config)
     tasks, skipped = load_tasks(config)  # every task's files read and checked before any training
     runtime = impl_.resolve(config.impl)
@@ -185,17 +188,27 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    why = comparability(config, skipped)
+    print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
+          f"on {runtime.device}" + ("" if not why else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"),
+          flush=True)
+    models, table_rows, predictions = run_models(config, checkpoint, tokenizer, tasks, runtime, run_dir)
+    results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
+               "models": models, "complete": True, "comparable": not why,
+               "not_comparable_because": why,  # machine-readable: skipped_tasks, max_train_examples, tasks_left_out
+               "checkpoint_sha256": (file_sha256(checkpoint / "model.safetensors")
+                                     if (checkpoint / "model.safetensors").exists() else None),
+               "settings": asdict(config), "device": str(runtime.device), "seconds": round(time.time() - started, 1),
+               "finished_at": datetime.now(timezone.utc).isoformat()}
+    return write_results(config, checkpoint, results, table_rows, predictions, run_dir)
+
+
+def run_models(config, checkpoint, tokenizer, tasks, runtime, run_dir: Path) -> tuple[dict, dict, dict]:
+    """Every model (pretrained, and the random-init baseline) on every task and seed, under one progress bar:
+    (results.json's models, the table's rows, the prediction files to write)."""
     benchmark = BENCHMARKS[config.eval.kind]
     models = {"pretrained": False} | ({"random-init": True} if config.eval.baseline == "random-init" else {})
-    why = comparability(config, skipped)
-    comparable = not why
-    print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
-          f"on {runtime.device}" + ("" if comparable else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"),
-          flush=True)
-
-    results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
-               "models": {}}
-    table_rows, predictions = {}, {}
+    results, table_rows, predictions = {}, {}, {}
     steps = len(models) * config.eval.seeds * sum(steps_per_run(t, recipe_for(config.eval, t.name)) for t in tasks)
     # One bar over every model, task, seed and epoch: the ETA is the whole evaluation's; `with` closes it on errors.
     with tqdm(total=steps, desc="fine-tuning", unit="step", mininterval=2, dynamic_ncols=True) as progress:
@@ -204,37 +217,33 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
                                               progress)
             predictions |= keep_predictions(run_dir, label, per_task)
             summary = benchmark.summarise(scores, config.eval)
-            results["models"][label] = {"tasks": per_task, "scores": scores, benchmark.summary_key: summary}
+            results[label] = {"tasks": per_task, "scores": scores, benchmark.summary_key: summary}
             table_rows[label] = {**scores, **({"average": summary["average"]} if summary else {})}
+    return results, table_rows, predictions
 
-    results.update({
-        "complete": True,
-        "comparable": comparable,
-        "not_comparable_because": why,  # machine-readable: skipped_tasks, max_train_examples, tasks_left_out
-        "checkpoint_sha256": file_sha256(checkpoint / "model.safetensors") if (checkpoint / "model.safetensors").exists() else None,
-        "settings": asdict(config),
-        "device": str(runtime.device),
-        "seconds": round(time.time() - started, 1),
-        "finished_at": datetime.now(timezone.utc).isoformat(),
-    })
+
+def write_results(config, checkpoint, results: dict, table_rows: dict, predictions: dict, run_dir: Path) -> Path:
+    """The prediction files, then results.json (only ever a complete one), the CSV rows, the table and the
+    model card's scores; returns results.json's path."""
+    benchmark, why = BENCHMARKS[config.eval.kind], results["not_comparable_because"]
     for where, answers in predictions.items():
         write_atomic(where, json.dumps(answers, indent=1, ensure_ascii=False))
     path = run_dir / "results.json"
-    write_atomic(path, json.dumps(results, indent=2))  # a results.json is only ever a complete one
+    write_atomic(path, json.dumps(results, indent=2))
     for label, row in table_rows.items():
         append_csv(Path(config.eval.results_table), {
             "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
-            "comparable": comparable, "not_comparable_because": describe(why), "seeds": config.eval.seeds,
-            **{k: round(v, 2) for k, v in row.items()},
-            "results": str(path.resolve())})
+            "comparable": results["comparable"], "not_comparable_because": describe(why),
+            "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()}, "results": str(path.resolve())})
     print()
     print(markdown_table(table_rows, benchmark.columns))
-    if not comparable:
+    if why:
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
-    for name, reason in skipped.items():
+    for name, reason in results["skipped"].items():
         print(f"(skipped {name}: {reason})")
-    if add_evaluation(checkpoint, {"benchmark": benchmark.title, "seeds": config.eval.seeds, "comparable": comparable,
-                                   "scores": table_rows["pretrained"], "finished_at": results["finished_at"]}):
+    if add_evaluation(checkpoint, {"benchmark": benchmark.title, "seeds": config.eval.seeds,
+                                   "comparable": results["comparable"], "scores": table_rows["pretrained"],
+                                   "finished_at": results["finished_at"]}):
         print(f"model card: {checkpoint / 'README.md'} (with these scores)", flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()
