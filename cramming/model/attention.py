@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .context import Context
+from .context import PLAIN, Context
 from .kv_cache import alibi_bias_at
 from .linear import build_linear
 from .masks import alibi_bias, alibi_slopes, same_document, visible_keys  # noqa: F401  (alibi_slopes: this API)
@@ -186,7 +186,7 @@ class SelfAttention(nn.Module):
         scale = parametrization(config).attention_scale(config)  # None: 1/sqrt(head_dim)
         self.scale = {} if scale is None else {"scale": scale}  # every kernel call gets it
 
-    def forward(self, x: torch.Tensor, ctx: Context = Context()) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
         """ctx: this forward's context (context.py). With a cache slot, x holds only the tokens after the cached
         ones, at positions cache.past onwards (with an empty cache, the prompt, the kernel runs as without one).
         Given positions, rotary turns by them and an absolute pattern (stepped) masks by them."""

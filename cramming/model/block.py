@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from .attention import SelfAttention
-from .context import Context
+from .context import PLAIN, Context
 from .ffn import FFNS
 from .gmlp import GMLPBlock, linear_flops
 from .norms import build_norm
@@ -55,7 +55,7 @@ class TransformerBlock(nn.Module):
         4 * seq * hidden, half of it when causal (FlashAttention's convention: the masked half is skipped)."""
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
-    def forward(self, x: torch.Tensor, ctx: Context = Context()) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
         """ctx: this forward's context (context.py), which the attention reads."""
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.norm1(x), ctx))

@@ -26,6 +26,9 @@ class Context(NamedTuple):
                              positions=Positions(ids, seq_len))
 
 
+PLAIN = Context()  # a forward with nothing to tell: every token real, at its index, in one document, no cache
+
+
 def document_positions(documents: torch.Tensor) -> torch.Tensor:
     """Each token's position within its own document: 0 at the first token of every document (document ids do not
     decrease along a row)."""

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .attention import ATTENTION_KERNELS
-from .context import Context
+from .context import PLAIN, Context
 from .ffn import ACTIVATIONS
 from .linear import LinearMethods, build_linear
 from .masks import same_document
@@ -39,7 +39,7 @@ class TinyAttention(nn.Module):
         projections = 2 * (self.qkv.weight.numel() + self.out.weight.numel())
         return projections + 4 * seq_len * self.dim // (2 if self.causal else 1)
 
-    def forward(self, x, ctx: Context = Context()):
+    def forward(self, x, ctx: Context = PLAIN):
         q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
         documents = {} if ctx.documents is None else {"documents": ctx.documents}
         y = self.kernel(q, k, v, key_padding_mask=ctx.padding, causal=self.causal, **documents)
@@ -108,7 +108,7 @@ class GMLPBlock(nn.Module):
             v = v + self.tiny_attention(x, ctx)
         return self.down(u * v)
 
-    def forward(self, x, ctx: Context = Context()):
+    def forward(self, x, ctx: Context = PLAIN):
         """ctx: this forward's context (context.py): padding, positions (position_ids: each row's own rows of the
         spatial matrix), documents."""
         if self.pre_norm:

@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from ..model.registry import invalid, listed
+
 
 def stage_factors(seq_schedule, seq_length: int) -> list[tuple[float, int]]:
     """[(end of the stage as a fraction of the run, k)], from [[fraction, length], ...]; [(1.0, 1)] if none."""
@@ -48,3 +50,41 @@ def regroup(rows: torch.Tensor, factor: int) -> torch.Tensor:
     m, s = rows.shape
     body = rows.view(m // factor, factor, s)[:, :, 1:].reshape(m // factor, factor * (s - 1))
     return torch.cat([rows[::factor, :1], body], dim=1)
+
+
+def seq_schedule_problem(c) -> str | None:
+    """The curriculum's stages against the data, the batch and the architecture (c: a PretrainConfig)."""
+    from ..config import microbatch_size
+    from ..model.block import BLOCKS
+    from ..model.patterns import PATTERNS
+    from ..model.positions import POSITIONS
+
+    a, d = c.arch, c.data
+    key, stages = "train.seq_schedule", c.train.seq_schedule
+    fixed_blocks = [kind for kind in dict.fromkeys(a.layout) if BLOCKS.trait(kind, "fixed_length")]
+    if not all(isinstance(stage, (list, tuple)) and len(stage) == 2 and all(isinstance(v, (int, float)) for v in stage)
+               and stage[0] > 0 for stage in stages):
+        return invalid(key, stages, "give [budget_fraction > 0, seq_length] pairs")
+    if abs(sum(stage[0] for stage in stages) - 1) > 1e-6:
+        return invalid(key, stages, "the stages' budget fractions must add up to 1")
+    if d.ordering != "random":
+        return invalid(key, stages, "needs data.ordering=random (rows are joined in stream order)")
+    for _, length in stages:
+        if length < d.seq_length or length % d.seq_length:
+            return invalid(key, stages, f"every length must be a multiple of data.seq_length={d.seq_length}, "
+                           f"got {length:g}")
+        k = int(length) // d.seq_length
+        tokens = sequence_length(d.seq_length, k)
+        if c.impl.microbatch_size != "auto" and microbatch_size(c) % k:
+            return invalid(key, stages, f"a {int(length)} stage joins {k} rows, so impl.microbatch_size must be a "
+                           f"multiple of {k}")
+        fixed = POSITIONS[a.position].table is not None or fixed_blocks
+        if fixed and tokens > a.max_seq_length:
+            blocks = "".join(f" and {kind}" for kind in fixed_blocks)
+            return invalid(key, stages, f"its {tokens}-token sequences are longer than arch.max_seq_length="
+                           f"{a.max_seq_length} ({a.position} positions{blocks} do not extrapolate); raise it, or "
+                           f"use arch.position={listed(n for n in sorted(POSITIONS) if POSITIONS[n].table is None)}")
+        for pattern in dict.fromkeys(a.attention.pattern):
+            if problem := PATTERNS[pattern].problem(c, tokens, "the stage length"):
+                return invalid(key, stages, f"a stage refused by arch.attention.pattern: {problem}")
+    return None
