@@ -22,17 +22,19 @@ def randn(*shape, grad=False):
     return torch.randn(*shape, generator=gen).to(DEVICE).requires_grad_(grad)
 
 
-@pytest.mark.parametrize("padded,causal,window,alibi", [(False, False, None, False), (True, True, 5, True)])
-def test_attention_ops(padded, causal, window, alibi):
+@pytest.mark.parametrize("padded,docs,causal,window,alibi", [(False, False, False, None, False),
+                                                            (True, True, True, 5, True)])
+def test_attention_ops(padded, docs, causal, window, alibi):
     q, k, v = (randn(2, 2, 19, 16, grad=True) for _ in range(3))
     mask = torch.ones(2, 19, dtype=torch.bool, device=DEVICE)
     mask[1, 11:] = False
     mask = mask if padded else None
-    args = (q, k, v, mask, causal, window, alibi, 0.25)
+    documents = (torch.arange(19, device=DEVICE) // 7).to(torch.int32).expand(2, 19).contiguous() if docs else None
+    args = (q, k, v, mask, documents, causal, window, alibi, 0.25)
     torch.library.opcheck(attention_module._attention_op, args)
     out, lse = attention_module._attention_op(*args)
-    backward_args = (q.detach(), k.detach(), v.detach(), out.detach(), lse, randn(2, 2, 19, 16), mask, causal,
-                     window, alibi, 0.25)
+    backward_args = (q.detach(), k.detach(), v.detach(), out.detach(), lse, randn(2, 2, 19, 16), mask, documents,
+                     causal, window, alibi, 0.25)
     torch.library.opcheck(attention_module._attention_backward_op, backward_args)
 
 
