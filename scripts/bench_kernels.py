@@ -364,6 +364,7 @@ def main(argv=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from cramming.model.attention import eager_attention
+    from cramming.model.masks import AttentionSpec
     from cramming.model.rotary import apply_rotary_torch
 
     if args.smoke:
@@ -394,10 +395,10 @@ def main(argv=None):
         if error:
             res["notes"].append(f"ours ({what}) not importable, its columns show n/a: {error}")
             print(f"bench_kernels: {what} not importable ({error}); benchmarking the rest", flush=True)
-    fns = {"ours": flash and (lambda q, k, v, causal: flash(q, k, v, causal=causal)),
+    fns = {"ours": flash and (lambda q, k, v, causal: flash(q, k, v, AttentionSpec(causal=causal))),
            "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
            "sdpa_ctx": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION),
-           "eager": lambda q, k, v, causal: eager_attention(q, k, v, causal=causal),
+           "eager": lambda q, k, v, causal: eager_attention(q, k, v, AttentionSpec(causal=causal)),
            "rot_ours": rot_triton, "rot_eager": apply_rotary_torch}
 
     print(f"bench_kernels: {name}, torch {torch.__version__}, triton {triton.__version__}, {res['dtype']}"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cramming.model.attention import ATTENTION_KERNELS, alibi_slopes, eager_attention, sdpa_attention, visible_keys
+from cramming.model.masks import AttentionSpec
 
 OPTIONS = [
     dict(),
@@ -33,8 +34,8 @@ def padding(batch=2, seq=9):
 def test_sdpa_matches_the_eager_reference(options, padded):
     q, k, v = qkv()
     mask = padding() if padded else None
-    want = eager_attention(q, k, v, key_padding_mask=mask, **options)
-    torch.testing.assert_close(sdpa_attention(q, k, v, key_padding_mask=mask, **options), want, atol=1e-5, rtol=1e-5)
+    spec = AttentionSpec(padding=mask, **options)
+    torch.testing.assert_close(sdpa_attention(q, k, v, spec), eager_attention(q, k, v, spec), atol=1e-5, rtol=1e-5)
 
 
 def test_eager_is_the_textbook_formula():
@@ -43,7 +44,7 @@ def test_eager_is_the_textbook_formula():
     scores = scores - torch.tensor(alibi_slopes(1))[0] * (torch.arange(4)[:, None] - torch.arange(4)).abs()
     scores = scores.masked_fill(torch.ones(4, 4).tril() == 0, float("-inf"))
     want = torch.softmax(scores, -1) @ v[0, 0]
-    torch.testing.assert_close(eager_attention(q, k, v, causal=True, alibi=True)[0, 0], want)
+    torch.testing.assert_close(eager_attention(q, k, v, AttentionSpec(causal=True, alibi=True))[0, 0], want)
 
 
 def test_alibi_slopes_follow_the_paper():
@@ -55,18 +56,18 @@ def test_alibi_slopes_follow_the_paper():
 @pytest.mark.parametrize("causal", [False, True])
 def test_local_window_ignores_far_tokens(causal):
     q, k, v = qkv(batch=1, heads=2, seq=12)
-    out = eager_attention(q, k, v, causal=causal, window=2)
+    out = eager_attention(q, k, v, AttentionSpec(causal=causal, window=2))
     k2, v2 = k.clone(), v.clone()
     k2[:, :, :3] += 5.0  # change keys 0..2: only queries 0..4 (window 2) may notice
     v2[:, :, :3] -= 5.0
-    out2 = eager_attention(q, k2, v2, causal=causal, window=2)
+    out2 = eager_attention(q, k2, v2, AttentionSpec(causal=causal, window=2))
     assert torch.equal(out[:, :, 5:], out2[:, :, 5:])
     assert not torch.allclose(out[:, :, :5], out2[:, :, :5])
 
 
 def test_a_window_as_long_as_the_sequence_is_global_attention():
     q, k, v = qkv()
-    torch.testing.assert_close(eager_attention(q, k, v, window=8), eager_attention(q, k, v))
+    torch.testing.assert_close(eager_attention(q, k, v, AttentionSpec(window=8)), eager_attention(q, k, v))
 
 
 @pytest.mark.parametrize("name", sorted(set(ATTENTION_KERNELS) - {"triton"}))
@@ -76,7 +77,7 @@ def test_a_query_that_sees_nothing_gets_zeros(name):
     mask[0, :2] = True  # with window 2, queries 5..7 see only padding
     for t in (q, k, v):
         t.requires_grad_(True)
-    out = ATTENTION_KERNELS[name](q, k, v, key_padding_mask=mask, window=2)
+    out = ATTENTION_KERNELS[name](q, k, v, AttentionSpec(padding=mask, window=2))
     assert torch.equal(out[:, :, 5:], torch.zeros_like(out[:, :, 5:]))
     out.square().sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
@@ -98,14 +99,14 @@ def test_stepped_pattern_sees_its_block_and_the_previous_one():
 
 def test_topk_with_k_equal_to_the_sequence_is_dense_and_smaller_k_differs():
     q, k, v = qkv()
-    torch.testing.assert_close(eager_attention(q, k, v, topk=9), eager_attention(q, k, v))
-    assert not torch.allclose(eager_attention(q, k, v, topk=2), eager_attention(q, k, v))
+    torch.testing.assert_close(eager_attention(q, k, v, AttentionSpec(topk=9)), eager_attention(q, k, v))
+    assert not torch.allclose(eager_attention(q, k, v, AttentionSpec(topk=2)), eager_attention(q, k, v))
 
 
 def test_topk_keeps_exactly_the_k_largest_scores():
     q, k, v = qkv(batch=1, heads=1, seq=6)
     v = torch.eye(6)[None, None]  # output row = the attention probabilities
-    probs = eager_attention(q, k, v, topk=2)[0, 0]
+    probs = eager_attention(q, k, v, AttentionSpec(topk=2))[0, 0]
     scores = q[0, 0] @ k[0, 0].T
     assert torch.equal(probs > 0, scores >= scores.topk(2, dim=-1).values[:, -1:])
 
@@ -113,9 +114,9 @@ def test_topk_keeps_exactly_the_k_largest_scores():
 def test_sdpa_refuses_topk_and_matches_eager_for_stepped_and_a_bias():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="top-k"):
-        sdpa_attention(q, k, v, topk=3)
+        sdpa_attention(q, k, v, AttentionSpec(topk=3))
     bias = torch.randn(1, 3, 9, 9)
     mask = padding()
-    torch.testing.assert_close(sdpa_attention(q, k, v, key_padding_mask=mask, stepped=3, bias=bias),
-                               eager_attention(q, k, v, key_padding_mask=mask, stepped=3, bias=bias),
+    torch.testing.assert_close(sdpa_attention(q, k, v, AttentionSpec(padding=mask, stepped=3, bias=bias)),
+                               eager_attention(q, k, v, AttentionSpec(padding=mask, stepped=3, bias=bias)),
                                atol=1e-5, rtol=1e-5)

@@ -26,6 +26,7 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 from cramming.kernels import attention as attention_module
 from cramming.kernels import flash_attention, flash_kernels
 from cramming.model.attention import ATTENTION_KERNELS, alibi_bias, eager_attention, visible_keys
+from cramming.model.masks import AttentionSpec
 
 if INTERPRET and type(flash_kernels.PLAIN["fwd"]).__name__ != "InterpretedFunction":
     pytest.skip("cramming.kernels was imported (by another test) before TRITON_INTERPRET=1 was set, so its kernels "
@@ -85,13 +86,14 @@ def documents(batch, seq, given, seed=2):
 
 
 def run_both(q, k, v, dout, **kw):
-    """(out, dq, dk, dv) of the Triton kernel and of the eager reference (fp32) for one upstream gradient."""
-    results = []
+    """(out, dq, dk, dv) of the Triton kernel and of the eager reference (fp32) for one upstream gradient; kw: the
+    AttentionSpec's fields."""
+    results, spec = [], AttentionSpec(**kw)
     for fn in (flash_attention, eager_attention):
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
         if fn is eager_attention:
             leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-        out = fn(*leaves, **kw)
+        out = fn(*leaves, spec)
         out.backward(dout.to(out.dtype))
         results.append([out.detach()] + [t.grad for t in leaves])
     return results
@@ -137,7 +139,7 @@ def test_matches_eager_fp32(case):
     heads, seq, head_dim, kw = CASES[case]
     kw = dict(kw)
     q, k, v, dout = make(batch=2 if kw.get("pad") or kw.get("docs") else 1, heads=heads, seq=seq, head_dim=head_dim)
-    kw["key_padding_mask"] = padding(q.shape[0], seq, kw.pop("pad", None))
+    kw["padding"] = padding(q.shape[0], seq, kw.pop("pad", None))
     kw["documents"] = documents(q.shape[0], seq, kw.pop("docs", None))
     assert_matches(*run_both(q, k, v, dout, **kw))
 
@@ -147,7 +149,7 @@ def test_fully_masked_queries_output_zero_with_finite_grads():
     mask = padding(2, 37, "random")  # keys 12..19 padded: with window 3, queries 15 and 16 see nothing
     blind = ~visible_keys(37, False, 3, mask, DEVICE).any(-1)  # (batch, 1, seq)
     assert blind.sum() >= 2
-    got, want = run_both(q, k, v, dout, key_padding_mask=mask, window=3)
+    got, want = run_both(q, k, v, dout, padding=mask, window=3)
     rows = blind.expand(-1, 2, -1)
     assert torch.equal(got[0][rows], torch.zeros_like(got[0][rows]))
     assert torch.equal(got[1][rows], torch.zeros_like(got[1][rows]))  # dq of a blind query
@@ -157,20 +159,20 @@ def test_fully_masked_queries_output_zero_with_finite_grads():
 def test_lse_is_logsumexp_of_scaled_biased_scores():
     q, k, v, _ = make(batch=2, heads=3, seq=29, head_dim=16)
     mask = padding(2, 29, "empty-row")
-    out, lse = flash_attention(q, k, v, key_padding_mask=mask, causal=True, window=6, alibi=True, return_lse=True)
+    out, lse = flash_attention(q, k, v, AttentionSpec(padding=mask, causal=True, window=6, alibi=True), return_lse=True)
     scores = q @ k.transpose(-2, -1) / math.sqrt(16) + alibi_bias(29, 3, DEVICE)
     scores = scores.masked_fill(~visible_keys(29, True, 6, mask, DEVICE), float("-inf"))
     want = torch.logsumexp(scores, -1)
     assert lse.dtype == torch.float32 and lse.shape == (2, 3, 29)
     assert torch.isneginf(want[1]).all()  # the empty batch row: -inf, as torch.logsumexp gives
     torch.testing.assert_close(lse, want, **FWD_TOL)
-    torch.testing.assert_close(out, eager_attention(q, k, v, mask, True, 6, True), **FWD_TOL)
+    torch.testing.assert_close(out, eager_attention(q, k, v, AttentionSpec(mask, True, 6, alibi=True)), **FWD_TOL)
 
 
 def test_custom_scale():
     q, k, v, _ = make(heads=1, seq=21, head_dim=16)
-    got = flash_attention(q, k, v, causal=True, scale=0.3)
-    torch.testing.assert_close(got, eager_attention(q * 0.3 * 4.0, k, v, causal=True), **FWD_TOL)
+    got = flash_attention(q, k, v, AttentionSpec(causal=True, scale=0.3))
+    torch.testing.assert_close(got, eager_attention(q * 0.3 * 4.0, k, v, AttentionSpec(causal=True)), **FWD_TOL)
 
 
 # --- layouts -------------------------------------------------------------------------------------------------
@@ -189,11 +191,11 @@ def test_non_contiguous_inputs_give_the_same_result():
             assert not q.is_contiguous()
         else:
             q, k, v = (t.contiguous() for t in (q, k, v))
-        out = flash_attention(q, k, v, key_padding_mask=mask, causal=True)
+        out = flash_attention(q, k, v, AttentionSpec(padding=mask, causal=True))
         out.backward(dout)
         grads.append((out.detach(), leaf.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
-    want = eager_attention(*qkv.permute(2, 0, 3, 1, 4), key_padding_mask=mask, causal=True)
+    want = eager_attention(*qkv.permute(2, 0, 3, 1, 4), AttentionSpec(padding=mask, causal=True))
     torch.testing.assert_close(grads[0][0], want, **FWD_TOL)
 
 
@@ -211,7 +213,7 @@ def test_broadcast_upstream_gradient():
     grads = []
     for fn in (flash_attention, eager_attention):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        fn(*leaves, causal=True).sum().backward()
+        fn(*leaves, AttentionSpec(causal=True)).sum().backward()
         grads.append([t.grad for t in leaves])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, **GRAD_TOL)
@@ -247,7 +249,7 @@ def test_unreachable_blocks_are_not_read(kw):
 def test_backward_is_deterministic():
     q, k, v, dout = make(batch=2, heads=1, seq=37, head_dim=32)
     mask = padding(2, 37, "random")
-    first, second = (run_both(q, k, v, dout, key_padding_mask=mask, alibi=True)[0] for _ in range(2))
+    first, second = (run_both(q, k, v, dout, padding=mask, alibi=True)[0] for _ in range(2))
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
@@ -259,7 +261,7 @@ def test_half_precision_close_to_fp32_reference(dtype, tol):
         pytest.skip("this Triton's interpreter computes tl.dot on bf16 as raw uint16 bits (wrong numbers); "
                     "bf16 is checked on GPU runs only")
     q, k, v, dout = make(batch=2, heads=2, seq=23, head_dim=32, dtype=dtype)
-    got, want = run_both(q, k, v, dout, causal=True, alibi=True, key_padding_mask=padding(2, 23, "random"))
+    got, want = run_both(q, k, v, dout, causal=True, alibi=True, padding=padding(2, 23, "random"))
     assert all(t.dtype == dtype for t in got)
     assert_matches(got, want, fwd_tol={"atol": tol, "rtol": tol}, grad_tol={"atol": 2 * tol, "rtol": 2 * tol})
 
@@ -267,15 +269,15 @@ def test_half_precision_close_to_fp32_reference(dtype, tol):
 def test_rejects_dropout_and_bad_inputs():
     q, k, v, _ = make(heads=1, seq=4, head_dim=16)
     with pytest.raises(ValueError, match="no dropout"):
-        flash_attention(q, k, v, dropout_p=0.1)
+        flash_attention(q, k, v, AttentionSpec(dropout_p=0.1))
     with pytest.raises(ValueError, match="shape"):
         flash_attention(q, k[:, :, :3], v)
     with pytest.raises(ValueError, match=r"dtype, got q torch.float32, k torch.float32, v torch.bfloat16"):
         flash_attention(q, k, v.bfloat16())
     with pytest.raises(ValueError, match="window"):
-        flash_attention(q, k, v, window=-1)
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        flash_attention(q, k, v, key_padding_mask=torch.ones(1, 5, dtype=torch.bool, device=DEVICE))
+        flash_attention(q, k, v, AttentionSpec(window=-1))
+    with pytest.raises(ValueError, match=r"padding must be \(batch, seq\)"):
+        flash_attention(q, k, v, AttentionSpec(padding=torch.ones(1, 5, dtype=torch.bool, device=DEVICE)))
     big = torch.zeros(1, 1, 2, 264, device=DEVICE)
     with pytest.raises(ValueError, match="256"):
         flash_attention(big, big, big)

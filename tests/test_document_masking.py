@@ -125,7 +125,7 @@ def test_a_kernel_without_document_masking_is_refused():
     from cramming.errors import UserError
 
     @attention_kernel("no-documents", serves=set())
-    def plain(q, k, v, **unused):
+    def plain(q, k, v, spec):
         raise AssertionError("never called")
 
     try:

@@ -174,7 +174,7 @@ def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
 
 def test_attention_pattern_cycles_over_the_layers():
     model = CrammedForMaskedLM(tiny(num_layers=3, attention_pattern=["local", "global"], attention_window=5))
-    assert [layer.attn.pattern_args.get("window") for layer in model.encoder.layers] == [5, None, 5]
+    assert [layer.attn.spec.window for layer in model.encoder.layers] == [5, None, 5]
 
 
 @pytest.mark.parametrize("scheme", ["normal", "small", "megatron-scaled"])
@@ -329,7 +329,7 @@ def test_layout_cycles_blocks_and_patterns_cycle_over_attention_blocks():
                                     attention_window=3))
     kinds = [type(layer).__name__ for layer in model.encoder.layers]
     assert kinds == ["GMLPBlock", "TransformerBlock"] * 3
-    assert [model.encoder.layers[i].attn.pattern_args.get("window") for i in (1, 3, 5)] == [3, None, 3]
+    assert [model.encoder.layers[i].attn.spec.window for i in (1, 3, 5)] == [3, None, 3]
 
 
 def test_gmlp_padding_does_not_reach_real_tokens():

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from cramming.config import TrainConfig, load_config
 from cramming.errors import UserError, exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
-from cramming.model.attention import ATTENTION_KERNELS
+from cramming.model.attention import ATTENTION_KERNELS, AttentionSpec
 from cramming.model.kv_cache import CACHE_KEY
 from cramming.model.losses import LOSSES, head_logits
 from cramming.model.parametrization import hidden_weights
@@ -135,11 +135,11 @@ def test_logits_are_multiplied_by_one_over_m_before_the_softcap():
 def test_attention_scores_are_scaled_by_sqrt_d0_over_d(kernel):
     """hidden 128, base 32, two heads: d = 64, d0 = 16, scale sqrt(16) / 64 = 1/16 (standard: 1/8)."""
     attention = model(128, base=32, attention_impl=kernel).encoder.layers[0].attn
-    assert attention.scale == {"scale": 1 / 16}
+    assert attention.spec.scale == 1 / 16
     q, k, v = torch.randn(3, 2, 2, 8, 64).unbind(0)
     want = torch.softmax(q @ k.transpose(-2, -1) / 16, -1) @ v
-    torch.testing.assert_close(ATTENTION_KERNELS[kernel](q, k, v, **attention.scale), want)
-    assert model(32, base=32).encoder.layers[0].attn.scale == {}  # m = 1: the kernel's own 1/sqrt(d)
+    torch.testing.assert_close(ATTENTION_KERNELS[kernel](q, k, v, AttentionSpec(scale=attention.spec.scale)), want)
+    assert model(32, base=32).encoder.layers[0].attn.spec.scale is None  # m = 1: the kernel's own 1/sqrt(d)
 
 
 def config_for(*overrides):

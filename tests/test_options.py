@@ -208,7 +208,7 @@ CASES = {
                    == pytest.approx((2 / (5 * 64)) ** 0.5, rel=0.05)),
     "rotary, local, btt": (["arch.position=rotary", "arch.rotary.pct=0.25", "arch.attention.pattern=[local]",
                             "arch.attention.window=8", "arch.linear=btt"],
-                           lambda r: attn(r).rotary.pct == 0.25 and attn(r).pattern_args.get("window") == 8
+                           lambda r: attn(r).rotary.pct == 0.25 and attn(r).spec.window == 8
                            and isinstance(attn(r).qkv, BTT) and isinstance(r.layers[0].ffn.up, BTT)),
     "monarch on ffn": (["arch.linear=monarch", "arch.linear_on=[ffn]", "arch.linear_args.blocks=4"],
                        lambda r: isinstance(r.layers[0].ffn.up, Monarch) and r.layers[0].ffn.up.blocks == 4
@@ -226,7 +226,7 @@ CASES = {
                 "arch.layout=[gmlp,gmlp,gmlp,attention]", "arch.attention.pattern=[local]", "arch.attention.window=16",
                 "arch.linear=btt"],
                lambda r: [type(m) for m in r.layers] == [GMLPBlock] * 3 + [TransformerBlock]
-               and attn(r, 3).pattern_args.get("window") == 16 and attn(r, 3).rotary is not None
+               and attn(r, 3).spec.window == 16 and attn(r, 3).rotary is not None
                and isinstance(r.layers[0].up, BTT)),
     "rpe, amlp": (["arch.position=rpe", "arch.rpe.cache=false", "arch.rpe.buckets=16", "arch.rpe.max_distance=64",
                    "arch.layout=[gmlp,attention]", "arch.gmlp.attn_dim=16", "arch.num_layers=2"],
@@ -237,24 +237,24 @@ CASES = {
                                        "arch.attention.pattern=[stepped,topk]", "arch.attention.window=8",
                                        "arch.attention.topk=4"],
                                       lambda r: [attn(r, i).rotary is not None for i in (0, 1)] == [True, False]
-                                      and attn(r, 0).pattern_args.get("stepped") == 8
-                                      and attn(r, 1).pattern_args.get("topk") == 4),
+                                      and attn(r, 0).spec.stepped == 8
+                                      and attn(r, 1).spec.topk == 4),
     "gpt, alibi, local + stepped": (["arch=gpt-tiny", "arch.num_layers=2", "arch.hidden_size=64", "arch.num_heads=2",
                                      "arch.ffn_size=128", "arch.position=alibi", "arch.attention.pattern=[local,stepped]",
                                      "arch.attention.window=8"],
-                                    lambda r: isinstance(r.model, CrammedForCausalLM) and attn(r).causal
-                                    and attn(r).alibi and attn(r, 0).pattern_args.get("window") == 8
-                                    and attn(r, 1).pattern_args.get("stepped") == 8),
+                                    lambda r: isinstance(r.model, CrammedForCausalLM) and attn(r).spec.causal
+                                    and attn(r).spec.alibi and attn(r, 0).spec.window == 8
+                                    and attn(r, 1).spec.stepped == 8),
     "gpt": (["arch=gpt-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"],
-            lambda r: isinstance(r.model, CrammedForCausalLM) and attn(r).causal and type(r.layers[0].ffn) is MLP),
+            lambda r: isinstance(r.model, CrammedForCausalLM) and attn(r).spec.causal and type(r.layers[0].ffn) is MLP),
     "rotary interleaved, base 500": (["arch.position=rotary", "arch.rotary.pct=0.5", "arch.rotary.interleaved=true",
                                       "arch.rotary.base=500", "impl.rotary=torch"],
                                      lambda r: (attn(r).rotary.pct, attn(r).rotary.interleaved, attn(r).rotary.base)
                                      == (0.5, True, 500) and attn(r).rotary.kernel is ROTARY_IMPLS["torch"]),
     "alibi, local + global, sdpa": (["arch.position=alibi", "arch.attention.pattern=[local,global]",
                                      "arch.attention.window=4", "impl.attention=sdpa", "arch.num_layers=2"],
-                                    lambda r: attn(r).alibi and isinstance(r.model.encoder.positions, NoPositions)
-                                    and [attn(r, i).pattern_args.get("window") for i in (0, 1)] == [4, None]
+                                    lambda r: attn(r).spec.alibi and isinstance(r.model.encoder.positions, NoPositions)
+                                    and [attn(r, i).spec.window for i in (0, 1)] == [4, None]
                                     and attn(r).kernel is sdpa_attention),
     "sentence-length order, bpe": (["data.ordering=sentence-length", "data.tokenizer.kind=bpe"],
                                    lambda r: sorted_by_periods(r) and tokenizer_model(r) == "BPE"),

@@ -32,7 +32,7 @@ def test_a_new_position_scheme_is_one_class_and_one_registry_line(monkeypatch):
     monkeypatch.setitem(POSITIONS, "learned-alibi", LearnedWithALiBi())
     model = CrammedForMaskedLM(CrammedConfig(**TINY, position="learned-alibi"))
     assert isinstance(model.encoder.positions, LearnedPositions)
-    assert all(layer.attn.alibi and layer.attn.rotary is None for layer in model.encoder.layers)
+    assert all(layer.attn.spec.alibi and layer.attn.rotary is None for layer in model.encoder.layers)
     assert model.encoder.score_bias is None
 
     config = PretrainConfig()
@@ -53,12 +53,12 @@ def test_a_new_attention_pattern_is_one_class_and_one_registry_line(monkeypatch)
     torch.manual_seed(0)
     model = CrammedForMaskedLM(CrammedConfig(**{**TINY, "num_layers": 1}, attention_pattern=["wide"], attention_window=2))
     attn = model.encoder.layers[0].attn
-    assert attn.pattern_args == {"window": 4}
+    assert attn.spec.window == 4 and attn.spec.stepped is None
     x = torch.randn(2, 16, 32)
     seen = []
-    attn.kernel = lambda q, k, v, **kwargs: seen.append(kwargs) or eager_attention(q, k, v, **kwargs)
+    attn.kernel = lambda q, k, v, spec: seen.append(spec) or eager_attention(q, k, v, spec)
     attn(x)
-    assert seen[0]["window"] == 4
+    assert seen[0].window == 4
     # its problem() is the local one, asked by validation with the doubled window unknown to it: window 200 > 128
     config = PretrainConfig()
     config.arch.attention.pattern, config.arch.attention.window = ["wide"], 200
@@ -112,7 +112,7 @@ def test_a_kernel_refuses_exactly_the_arguments_it_does_not_serve():
     from cramming.model.arch import ArchConfig, AttentionConfig
     from cramming.model.attention import ATTENTION_KERNELS, kernel_problem
 
-    def narrow(q, k, v, **masks):
+    def narrow(q, k, v, spec):
         raise AssertionError("never called")
 
     narrow.serves, narrow.fit_problem = frozenset({"window"}), None

@@ -250,7 +250,7 @@ def windows_seen(monkeypatch):
 
         def recording(*a, **k):
             if model.training:
-                seen.append({m.pattern_args["window"] for m in model.modules() if isinstance(m, SelfAttention)})
+                seen.append({m.spec.window for m in model.modules() if isinstance(m, SelfAttention)})
                 if next(count) in stop:
                     os.kill(os.getpid(), signal.SIGTERM)
             return forward(*a, **k)

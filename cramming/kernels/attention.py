@@ -18,6 +18,7 @@ import time
 import torch
 
 from ..model.attention import attention_kernel
+from ..model.masks import AttentionSpec
 from .flash_kernels import triton  # None where Triton is not installed
 from . import tuning
 from .tuning import add_autotune_seconds, shared_limit, shared_memory_problem
@@ -170,16 +171,15 @@ def triton_fit_problem(arch, device=None, dtype=None) -> str | None:
 
 
 @attention_kernel("triton", serves={"window", "alibi", "documents"}, fit_problem=triton_fit_problem, needs_triton=True)
-def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                    stepped=None, topk=None, bias=None, scale=None, return_lse=False, documents=None):
+def flash_attention(q, k, v, spec: AttentionSpec = AttentionSpec(), return_lse=False):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,
-    bf16 or fp32; any strides). Returns a (batch, heads, seq, head_dim) view of a (batch, seq, heads, head_dim)
-    tensor, and with return_lse also the fp32 (batch, heads, seq) natural-log log-sum-exp of the scores
-    (-inf for a query that sees no key)."""
-    if stepped is not None or topk is not None or bias is not None:
+    bf16 or fp32; any strides). Masks, ALiBi and scale come from `spec` (masks.py). Returns a (batch, heads, seq,
+    head_dim) view of a (batch, seq, heads, head_dim) tensor, and with return_lse also the fp32 (batch, heads,
+    seq) natural-log log-sum-exp of the scores (-inf for a query that sees no key)."""
+    if spec.stepped is not None or spec.topk is not None or spec.bias is not None:
         raise ValueError("the Triton attention kernel implements global and local attention with padding, causal "
                          "and ALiBi masks; stepped, top-k and a learned score bias need the 'sdpa' or 'eager' kernel")
-    if dropout_p > 0:
+    if spec.dropout_p > 0:
         raise ValueError("the Triton attention kernel has no dropout; set attention dropout to 0 or use the "
                          "'sdpa' or 'eager' kernel")
     if triton is None:
@@ -193,15 +193,16 @@ def flash_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
                          "cast them to the autocast dtype first, as SelfAttention does)")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or q.shape[-1] > 256:
         raise ValueError(f"supported: fp16/bf16/fp32 and head_dim <= 256, got {q.dtype}, head_dim {q.shape[-1]}")
+    window, padding, documents = spec.window, spec.padding, spec.documents
     if window is not None and window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (q.shape[0], q.shape[2]):
-        raise ValueError(f"key_padding_mask must be (batch, seq), got {tuple(key_padding_mask.shape)}")
+    if padding is not None and tuple(padding.shape) != (q.shape[0], q.shape[2]):
+        raise ValueError(f"padding must be (batch, seq), got {tuple(padding.shape)}")
     if documents is not None and tuple(documents.shape) != (q.shape[0], q.shape[2]):
         raise ValueError(f"documents must be (batch, seq), got {tuple(documents.shape)}")
     documents = None if documents is None else documents.to(torch.int32)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # kernels assume unit stride on dim
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if spec.scale is None else float(spec.scale)
     window = None if window is None else min(int(window), q.shape[2])  # same mask; keeps int32 bounds in range
-    out, lse = _attention_op(q, k, v, key_padding_mask, documents, bool(causal), window, bool(alibi), scale)
+    out, lse = _attention_op(q, k, v, padding, documents, bool(spec.causal), window, bool(spec.alibi), scale)
     return (out, lse) if return_lse else out

@@ -1,7 +1,7 @@
 """Multi-head self-attention. The kernel that computes softmax(QK^T * scale + bias)V is chosen by name
-(`impl.attention`): every kernel takes the same arguments (their meaning: masks.py) and must give the same
-numbers, or refuse what it cannot do. `scale` is None for the usual 1/sqrt(d), or the one arch.parametrization
-sets (parametrization.py: muP's 1/d).
+(`impl.attention`): every kernel is `fn(q, k, v, spec)`, spec a masks.AttentionSpec (its fields' meaning: masks.py),
+and must give the same numbers, or refuse what it cannot do. The spec's `scale` is None for the usual 1/sqrt(d), or
+the one arch.parametrization sets (parametrization.py: muP's 1/d).
 """
 
 import math
@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from .context import PLAIN, Context
 from .kv_cache import alibi_bias_at
 from .linear import build_linear
-from .masks import alibi_bias, alibi_slopes, same_document, visible_keys  # noqa: F401  (alibi_slopes: this API)
+from .masks import AttentionSpec, alibi_bias, alibi_slopes, same_document, visible_keys  # noqa: F401  (this API)
 from .norms import build_norm
 from .parametrization import parametrization
 from .patterns import PATTERNS
@@ -24,8 +24,8 @@ from .value_embeddings import ValueMix, value_layers
 ATTENTION_KERNELS = Registry("attention kernel", traits={
     "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_problem)",
 })
-# What a kernel may be asked beyond q, k, v and the padding / causal masks: the patterns' mask arguments (window,
-# stepped, topk), the position schemes' biases (alibi, a given score bias) and dropout.
+# What a kernel may be asked beyond q, k, v and the spec's padding / causal masks: the patterns' mask fields (window,
+# stepped, topk), the position schemes' biases (alibi, a given score bias), dropout and documents.
 FEATURES = {"window": "a local window", "stepped": "stepped blocks", "topk": "top-k selection",
             "alibi": "ALiBi bias", "bias": "learned relative-position bias", "dropout": "attention dropout",
             "documents": "document masking"}
@@ -44,7 +44,7 @@ def attention_kernel(name: str, serves: set[str], fit_problem=None, **traits):
 
 def kernel_problem(kernel, config, documents: bool = False) -> str | None:
     """Why `kernel` cannot compute this architecture's attention (config: an ArchConfig or CrammedConfig), or
-    None: each pattern and position scheme names the arguments it needs, the kernel the ones it serves; documents:
+    None: each pattern and position scheme names the spec fields it needs, the kernel the ones it serves; documents:
     the run keeps packed documents apart (data.document_masking)."""
     patterns = list(dict.fromkeys(config.attention.pattern))
     missing = [p for p in patterns if set(PATTERNS[p].kernel_args(config)) - kernel.serves]
@@ -66,6 +66,11 @@ def words(names: list[str]) -> str:
     return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+def spec_visible(q, spec: AttentionSpec) -> torch.Tensor | None:
+    """masks.visible_keys for a square (q and k of one length) call with this spec."""
+    return visible_keys(q.shape[2], spec.causal, spec.window, spec.padding, q.device, spec.stepped, spec.documents)
+
+
 def score_bias(q, alibi: bool, bias):
     """The additive score bias in fp32 (ALiBi and/or a given bias), or None."""
     total = alibi_bias(q.shape[2], q.shape[1], q.device) if alibi else None
@@ -75,35 +80,34 @@ def score_bias(q, alibi: bool, bias):
 
 
 @attention_kernel("sdpa", serves={"window", "stepped", "alibi", "bias", "dropout", "documents"})
-def sdpa_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                   stepped=None, topk=None, bias=None, scale=None, documents=None):
+def sdpa_attention(q, k, v, spec: AttentionSpec = AttentionSpec()):
     """PyTorch's fused kernels (flash / memory-efficient / math, picked by PyTorch from the mask it gets)."""
-    if topk is not None:
+    if spec.topk is not None:
         raise ValueError("the 'sdpa' attention kernel cannot do top-k attention (it never holds the scores); "
                          "use the 'eager' kernel")
-    if (key_padding_mask is None and window is None and stepped is None and not alibi and bias is None
-            and documents is None):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
-                                              scale=scale)  # flash-eligible
-    mask = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped, documents)
-    additive = score_bias(q, alibi, bias)
+    if (spec.padding is None and spec.window is None and spec.stepped is None and not spec.alibi
+            and spec.bias is None and spec.documents is None):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=spec.dropout_p, is_causal=spec.causal,
+                                              scale=spec.scale)  # flash-eligible
+    mask = spec_visible(q, spec)
+    additive = score_bias(q, spec.alibi, spec.bias)
     if additive is not None:
         mask = (additive if mask is None else additive.masked_fill(~mask, float("-inf"))).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, scale=spec.scale)
 
 
 @attention_kernel("eager", serves=set(FEATURES))
-def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, alibi=False, dropout_p=0.0,
-                    stepped=None, topk=None, bias=None, scale=None, documents=None):
+def eager_attention(q, k, v, spec: AttentionSpec = AttentionSpec()):
     """The textbook formula, in fp32: the reference the fused kernels are tested against."""
     scores = q.float() @ k.float().transpose(-2, -1)
-    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
-    additive = score_bias(q, alibi, bias)
+    scores = scores / math.sqrt(q.shape[-1]) if spec.scale is None else scores * spec.scale
+    additive = score_bias(q, spec.alibi, spec.bias)
     if additive is not None:
         scores = scores + additive
-    visible = visible_keys(q.shape[2], causal, window, key_padding_mask, q.device, stepped, documents)
+    visible = spec_visible(q, spec)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
+    topk = spec.topk
     if topk is not None and topk < scores.shape[-1]:  # ties at the k-th score keep all tied keys
         kth = scores.topk(topk, dim=-1).values[..., -1:]
         below = scores < kth
@@ -112,40 +116,42 @@ def eager_attention(q, k, v, key_padding_mask=None, causal=False, window=None, a
     probs = torch.softmax(scores, dim=-1)
     if visible is not None:  # a query that sees nothing: softmax gave NaN, the convention is zero output
         probs = probs.masked_fill(~visible.any(-1, keepdim=True), 0.0)
-    probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
+    probs = F.dropout(probs, p=spec.dropout_p, training=spec.dropout_p > 0)
     return (probs @ v.float()).to(q.dtype)
 
 
-def attend_at(q, k, v, ctx, causal, alibi, pattern, pattern_args, dropout_p=0.0, scale=None):
+def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None):
     """The queries of the last q.shape[2] rows against all k.shape[2] keys (a KV cache's step, or queries whose
-    mask needs their positions), with the same mask and bias as the square kernels: the pattern's mask, causality,
-    padding, documents, ALiBi and the context's bias. Distances (causality, windows, ALiBi) count the tensor's
-    indices, which are the real tokens' distances when padding is only on the left or the right; an absolute
-    pattern (stepped) is computed at the context's positions (rotary.Positions) when given. One formula for every
-    impl.attention (the fused kernels need equal q and k lengths): SDPA with the mask as an additive bias, or the
-    eager formula for top-k; a query that sees nothing gets zeros."""
+    mask needs their positions), with the same mask and bias as the square kernels: the spec's pattern mask
+    (pattern.visible at its window / stepped / topk), causality, padding, documents, ALiBi and bias. Distances
+    (causality, windows, ALiBi) count the tensor's indices, which are the real tokens' distances when padding is only
+    on the left or the right; an absolute pattern (stepped) is computed at `positions` (the context's
+    rotary.Positions) when given. One formula for every impl.attention (the fused kernels need equal q and k
+    lengths): SDPA with the mask as an additive bias, or the eager formula for top-k; a query that sees nothing gets
+    zeros."""
     key_idx = torch.arange(k.shape[2], device=q.device)
     query_idx = key_idx[k.shape[2] - q.shape[2]:]
-    positions = ctx.positions
     at = (positions.ids, positions.key_ids) if positions is not None and pattern.absolute else (query_idx, key_idx)
-    visible = pattern.visible(*at, **pattern_args)
+    visible = pattern.visible(*at, window=spec.window, stepped=spec.stepped, topk=spec.topk)
     if visible is None:
         visible = torch.ones(query_idx.shape[0], key_idx.shape[0], dtype=torch.bool, device=q.device)
-    if causal:
+    if spec.causal:
         visible = visible & (query_idx[:, None] >= key_idx[None, :])
     visible = visible.reshape(-1, 1, *visible.shape[-2:])  # (1 or batch, 1, queries, keys)
-    if ctx.padding is not None:
-        visible = visible & ctx.padding[:, None, None, :].bool()
-    if ctx.documents is not None:
-        visible = visible & same_document(ctx.documents[:, -q.shape[2]:], ctx.documents)
-    additive = alibi_bias_at(query_idx, key_idx, q.shape[1]) if alibi else torch.zeros((), device=q.device)
-    if ctx.bias is not None:
-        additive = additive + ctx.bias.float()
+    if spec.padding is not None:
+        visible = visible & spec.padding[:, None, None, :].bool()
+    if spec.documents is not None:
+        visible = visible & same_document(spec.documents[:, -q.shape[2]:], spec.documents)
+    additive = alibi_bias_at(query_idx, key_idx, q.shape[1]) if spec.alibi else torch.zeros((), device=q.device)
+    if spec.bias is not None:
+        additive = additive + spec.bias.float()
     additive = additive.masked_fill(~visible, float("-inf"))
-    if pattern_args.get("topk") is not None:
-        y = eager_attention(q, k, v, dropout_p=dropout_p, topk=pattern_args["topk"], bias=additive, scale=scale)
+    if spec.topk is not None:
+        y = eager_attention(q, k, v, AttentionSpec(topk=spec.topk, bias=additive, dropout_p=spec.dropout_p,
+                                                   scale=spec.scale))
     else:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=dropout_p, scale=scale)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=spec.dropout_p,
+                                           scale=spec.scale)
     return y.masked_fill(~visible.any(-1, keepdim=True), 0.0)
 
 
@@ -176,15 +182,18 @@ class SelfAttention(nn.Module):
         self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
-        self.causal = config.causal
         self.pattern = PATTERNS.get_or_explain(config.attention.pattern[index % len(config.attention.pattern)])
-        self.pattern_args = self.pattern.kernel_args(config)  # window=, stepped=, topk=; train.window_schedule re-reads them
         positions = POSITIONS.get_or_explain(config.position)
-        self.alibi = positions.alibi
         self.rotary = positions.rotation(config, index)
         self.value_mix = ValueMix() if index in value_layers(config) else None  # arch.value_embeddings
-        scale = parametrization(config).attention_scale(config)  # None: 1/sqrt(head_dim)
-        self.scale = {} if scale is None else {"scale": scale}  # every kernel call gets it
+        # the static part of every call's spec: a forward adds its context's tensors and dropout
+        self.spec = self.static_spec(config, alibi=positions.alibi,
+                                     scale=parametrization(config).attention_scale(config))  # None: 1/sqrt(head_dim)
+
+    def static_spec(self, config, alibi: bool, scale: float | None) -> AttentionSpec:
+        """Causality, ALiBi, the scale and the pattern's window / stepped / topk (its kernel_args, which
+        set_attention_window re-reads when train.window_schedule changes the window)."""
+        return AttentionSpec(causal=config.causal, alibi=alibi, scale=scale, **self.pattern.kernel_args(config))
 
     def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
         """ctx: this forward's context (context.py). With a cache slot, x holds only the tokens after the cached
@@ -197,26 +206,24 @@ class SelfAttention(nn.Module):
         if ctx.value_embedding is not None:
             v = self.value_mix(v, ctx.value_embedding)
         q, k, v = autocast_dtype(q, k, v)
-        dropout_p = self.dropout if self.training else 0.0
+        spec = self.spec._replace(padding=ctx.padding, bias=ctx.bias, documents=ctx.documents,
+                                  dropout_p=self.dropout if self.training else 0.0)
         cache = ctx.cache
         if self.rotary is not None:  # before the keys are cached: the cache keeps them turned
             q, k = self.rotary(q, k, 0 if cache is None else cache.past, ctx.positions)
         if cache is not None:
             k, v = cache.append(k, v)
         if (cache is not None and cache.past) or (ctx.positions is not None and self.pattern.absolute):
-            y = attend_at(q, k, v, ctx, self.causal, self.alibi, self.pattern, self.pattern_args, dropout_p,
-                          **self.scale)
+            y = attend_at(q, k, v, spec, self.pattern, ctx.positions)
         else:
-            documents = {} if ctx.documents is None else {"documents": ctx.documents}
-            y = self.kernel(q, k, v, key_padding_mask=ctx.padding, causal=self.causal, alibi=self.alibi,
-                            dropout_p=dropout_p, bias=ctx.bias, **documents, **self.pattern_args, **self.scale)
+            y = self.kernel(q, k, v, spec)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
 
 
 def set_attention_window(model, window: int) -> None:
     """A built model's attention window changed (train.window_schedule, the speedrun's window warm-up): every local
-    or stepped attention block re-reads its pattern's arguments from the config, and the config keeps the new
-    window, so a checkpoint saved afterwards loads with the window the model last trained with. model: a crammed
+    or stepped attention block rebuilds its static spec's pattern fields from the config, and the config keeps the
+    new window, so a checkpoint saved afterwards loads with the window the model last trained with. model: a crammed
     model (the module itself, not a compiled or engine wrapper)."""
     config = model.config
     if config.attention.window == window:
@@ -224,4 +231,4 @@ def set_attention_window(model, window: int) -> None:
     config.attention.window = window
     for module in model.modules():
         if isinstance(module, SelfAttention):
-            module.pattern_args = module.pattern.kernel_args(config)
+            module.spec = module.spec._replace(**module.pattern.kernel_args(config))

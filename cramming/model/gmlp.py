@@ -13,7 +13,7 @@ from .attention import ATTENTION_KERNELS
 from .context import PLAIN, Context
 from .ffn import ACTIVATIONS
 from .linear import LinearMethods, build_linear
-from .masks import same_document
+from .masks import AttentionSpec, same_document
 from .norms import build_norm
 from .registry import invalid
 
@@ -41,8 +41,7 @@ class TinyAttention(nn.Module):
 
     def forward(self, x, ctx: Context = PLAIN):
         q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
-        documents = {} if ctx.documents is None else {"documents": ctx.documents}
-        y = self.kernel(q, k, v, key_padding_mask=ctx.padding, causal=self.causal, **documents)
+        y = self.kernel(q, k, v, AttentionSpec(padding=ctx.padding, causal=self.causal, documents=ctx.documents))
         return self.out(y.squeeze(1))
 
 

@@ -1,6 +1,7 @@
-"""What a query may see and what is added to its scores: the definitions every attention kernel follows.
+"""What a query may see and what is added to its scores: the definitions every attention kernel follows. A kernel
+is `fn(q, k, v, spec: AttentionSpec) -> out`; the spec's fields:
 
-- key_padding_mask: (batch, seq) bool, True = a real token;
+- padding: (batch, seq) bool, True = a real token;
 - causal: a query sees only keys at or before it (decoders);
 - window: a query at i sees keys j with |i - j| <= window (bidirectional), or 0 <= i - j <= window (causal);
 - stepped: fixed blocks of `stepped` tokens; a query sees the keys of its own block and of the previous one;
@@ -8,13 +9,32 @@
 - bias: any additive (1 or batch, heads, seq, seq) score bias (the T5 relative-position bias);
 - topk: keep only the k largest scores of each query before the softmax (needs the scores: eager only);
 - documents: (batch, seq) document ids of a packed row: a query sees only keys of its own document
-  (data.document_masking).
+  (data.document_masking);
+- dropout_p: attention dropout on the probabilities;
+- scale: the score scale, None for the usual 1/sqrt(head_dim) (arch.parametrization sets muP's 1/d).
 A query that sees no key at all gets a zero output, as PyTorch's SDPA does.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
+
+
+class AttentionSpec(NamedTuple):
+    """One attention call's mask, bias, dropout and scale (meanings above). Immutable: SelfAttention builds the
+    static part once and each forward adds its tensors with `_replace`."""
+
+    padding: torch.Tensor | None = None
+    causal: bool = False
+    window: int | None = None
+    stepped: int | None = None
+    topk: int | None = None
+    alibi: bool = False
+    bias: torch.Tensor | None = None
+    documents: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    scale: float | None = None
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -26,10 +46,10 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return slopes
 
 
-def visible_keys(seq_len: int, causal: bool, window: int | None, key_padding_mask, device,
+def visible_keys(seq_len: int, causal: bool, window: int | None, padding, device,
                  stepped: int | None = None, documents=None) -> torch.Tensor | None:
     """Which keys each query may see: a bool (batch or 1, 1, seq, seq) tensor, or None when all of them."""
-    if not causal and window is None and key_padding_mask is None and stepped is None and documents is None:
+    if not causal and window is None and padding is None and stepped is None and documents is None:
         return None
     pos = torch.arange(seq_len, device=device)
     offset = pos[:, None] - pos[None, :]  # query index minus key index
@@ -42,8 +62,8 @@ def visible_keys(seq_len: int, causal: bool, window: int | None, key_padding_mas
         block_offset = pos[:, None] // stepped - pos[None, :] // stepped
         visible &= (block_offset == 0) | (block_offset == 1)
     visible = visible[None, None]
-    if key_padding_mask is not None:
-        visible = visible & key_padding_mask[:, None, None, :].bool()
+    if padding is not None:
+        visible = visible & padding[:, None, None, :].bool()
     if documents is not None:
         visible = visible & same_document(documents, documents)
     return visible
