@@ -231,7 +231,7 @@ CASES = {
     "rpe, amlp": (["arch.position=rpe", "arch.rpe.cache=false", "arch.rpe.buckets=16", "arch.rpe.max_distance=64",
                    "arch.layout=[gmlp,attention]", "arch.gmlp.attn_dim=16", "arch.num_layers=2"],
                   lambda r: r.model.encoder.score_bias.embedding.weight.shape == (16, 2)
-                  and r.model.encoder.rpe.max_distance == 64 and r.model.config.rpe.cache is False
+                  and r.model.encoder.score_bias.max_distance == 64 and r.model.config.rpe.cache is False
                   and r.layers[0].tiny_attention.dim == 16),
     "rotary every 2, stepped, topk": (["arch.position=rotary", "arch.rotary.every=2", "arch.num_layers=2",
                                        "arch.attention.pattern=[stepped,topk]", "arch.attention.window=8",
