@@ -238,7 +238,7 @@ BENCHMARK = '''
         title = "Parity"
 
         def validate(self, e):
-            pass
+            """Its one task needs no settings: nothing to refuse."""
 
         def trained(self, e):
             return ["parity"]

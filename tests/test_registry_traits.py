@@ -76,7 +76,7 @@ def test_a_class_attribute_is_the_trait_and_an_undeclared_one_is_refused():
 
 def test_a_block_that_takes_a_cache_is_not_refused_one(monkeypatch):
     class Cached(TransformerBlock):
-        pass
+        """The attention block under another name: what it inherits says it takes a cache."""
 
     layout = ArchConfig(layout=["attention", "cached"])
     monkeypatch.setitem(BLOCKS, "cached", Cached)
