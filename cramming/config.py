@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
-from .model.registry import invalid
+from .registry import invalid
 from .schema import register
 
 

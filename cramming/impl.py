@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UserError
-from .model.registry import Registry, invalid
+from .registry import Registry, invalid
 
 # Dense 16-bit tensor-core peaks with fp32 accumulation (what autocast runs: bf16 from compute capability 8.0,
 # fp16 before it), TFLOP/s, from the vendor datasheets and architecture whitepapers, by a part of

@@ -5,7 +5,7 @@ eval's validate_eval):
   by ": why") or a tuple of choices. The requirement the user reads is the declaration itself ("must be in [0, 1)").
 - REGISTRIES: an option that names registered components: {field: "module:REGISTRY"} (relative to the cramming
   package, so arch.py needs no import), "... or auto" for a choice beyond the registry's. The name must be
-  registered, and the chosen entry is asked what it refuses (the registry's `ask`, model/registry.py).
+  registered, and the chosen entry is asked what it refuses (the registry's `ask`, cramming/registry.py).
 - COMPONENT = (field, names): a section that belongs to one component (arch.rotary: ("position", "rotary")), named
   by a field of the dataclass holding the section; its rules are checked only when one of `names` is chosen.
 """
@@ -15,7 +15,7 @@ import importlib
 import operator
 import re
 
-from .model.registry import invalid
+from .registry import invalid
 
 SPEC = re.compile(r"(?P<each>each )?(?:(?P<op>>=|>) (?P<x>\S+)|(?P<lo>[\[(])(?P<a>\S+), (?P<b>\S+?)(?P<hi>[\])]))"
                   r"(?P<null> or null)?(?:: (?P<why>.+))?")

@@ -18,7 +18,7 @@ from cramming.model.inits import zero_init_problem
 from cramming.model.linear import LINEARS, block_projections
 from cramming.model.patterns import PATTERNS, Global
 from cramming.model.positions import POSITIONS, PositionScheme
-from cramming.model.registry import Registry
+from cramming.registry import Registry
 from cramming.model.token_dropping import problem as token_dropping_problem
 from cramming.train.masking import masking_problem
 from cramming.train.nonfinite import NONFINITE

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..model.registry import Registry, invalid
+from ..registry import Registry, invalid
 from . import hub, local_text
 from .python_docs import default_roots
 

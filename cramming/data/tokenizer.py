@@ -15,7 +15,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..errors import UserError
-from ..model.registry import Registry
+from ..registry import Registry
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # The ids every tokenizer trained here gives them (what a model needs before any data exists, e.g. a dry run).

@@ -7,7 +7,7 @@ $CRAMMING_PLUGINS (plugins.py)."""
 import os
 
 from ..errors import UserError
-from ..model.registry import Registry
+from ..registry import Registry
 from .base import Engine
 from .ddp import DDP
 from .deepspeed import DeepSpeed

@@ -2,7 +2,7 @@
 table, so the recipe (recipe.py) is the same for all of them."""
 
 from ..config import check, check_choice
-from ..model.registry import Registry
+from ..registry import Registry
 from . import superglue_metrics
 from .custom import load_custom_task
 from .results import COLUMNS, glue_summary

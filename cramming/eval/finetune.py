@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, get_scheduler
 
-from ..model.registry import Registry
+from ..registry import Registry
 from .metrics import compute_metrics
 from .tasks import TaskData
 

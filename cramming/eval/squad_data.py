@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import UserError
-from ..model.registry import Registry
+from ..registry import Registry
 from .tasks import load_hub
 
 

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
-from ..model.registry import Registry
+from ..registry import Registry
 from . import superglue_metrics as m
 from .tasks import Example, TaskData, load_hub
 

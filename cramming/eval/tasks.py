@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import UserError
-from ..model.registry import Registry
+from ..registry import Registry
 
 log = logging.getLogger(__name__)
 

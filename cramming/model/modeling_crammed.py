@@ -7,6 +7,8 @@ question-answering and multiple-choice heads are in heads.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
+from pathlib import Path
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -25,10 +27,15 @@ from .losses import LOSSES, head_logits
 from .norms import build_norm
 from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS
+from .registry import copy_into
 from .renamed import OLD_KEYS, current_keys
 from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
+
+
+# save_pretrained(push_to_hub=True, ...)'s keywords that only the push reads.
+HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
 
 
 class CrammedPreTrainedModel(PreTrainedModel):
@@ -46,6 +53,17 @@ class CrammedPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
         """Hugging Face's loader, reading checkpoints saved before a rename too (OLD_KEYS)."""
         return super().from_pretrained(*args, key_mapping={**OLD_KEYS, **(key_mapping or {})}, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
+        """Hugging Face's save, then the registry's own code over the package's re-export of it (registry.py), so
+        the folder loads without cramming. A push goes through push_to_hub, which saves through here again."""
+        hub = {key: kwargs.pop(key) for key in HUB_KEYWORDS if key in kwargs}
+        super().save_pretrained(save_directory, *args, **kwargs)
+        copy_into(save_directory)
+        if push_to_hub:
+            repo_id = hub.pop("repo_id", Path(save_directory).name)  # Hugging Face's default: the folder's name
+            return self.push_to_hub(repo_id, token=kwargs.get("token"), **hub)
+        return None
 
     def init_std_for(self, module) -> float:
         """The std arch.init (and arch.zero_init_out) gives this module's weights (inits.py)."""

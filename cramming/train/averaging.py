@@ -18,7 +18,7 @@ import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..engines import ENGINES
-from ..model.registry import Registry
+from ..registry import Registry
 from ..model.renamed import current_key
 from .hooks import Hook
 

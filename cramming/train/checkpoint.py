@@ -13,6 +13,7 @@ from ..card import write_card
 from ..data.tokenizer import for_generation
 from ..engines import Engine
 from ..model import AUTO_MAP
+from ..registry import copy_into
 
 SUMMARY = "train_summary.json"
 # The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
@@ -62,6 +63,7 @@ def copy_model_code(auto_map: dict, folder: Path) -> None:
         source = package / f"{module}.py"
         for path in [source, *get_relative_import_files(str(source))]:
             shutil.copyfile(path, folder / Path(path).name)
+    copy_into(folder)  # the registry itself over the package's re-export of it: the folder needs no cramming
 
 
 def is_complete(checkpoint: Path) -> bool:

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..model.registry import invalid, listed
+from ..registry import invalid, listed
 
 
 def stage_factors(seq_schedule, seq_length: int) -> list[tuple[float, int]]:

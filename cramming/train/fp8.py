@@ -20,7 +20,7 @@ import re
 from torch import nn
 
 from ..errors import UserError
-from ..model.registry import invalid
+from ..registry import invalid
 
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first tensor cores with float8
 BLOCK = re.compile(r"(^|\.)layers\.\d+\.")  # a module inside an encoder block (CrammedModel.layers)

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError
 from ..hub import model_folder
-from ..model.registry import invalid
+from ..registry import invalid
 from ..model.renamed import current_key
 from .from_bert import bert_layout, bert_weights
 from .resume import MARKER

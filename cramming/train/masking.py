@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.registry import Registry, invalid
+from ..registry import Registry, invalid
 
 MASKINGS = Registry("masking", traits={
     "reads_words": "it reads the tokenizer's word starts (MaskContext.starts_word)",

@@ -4,7 +4,7 @@ out (Trainer.on_nonfinite): skip the step, halt the run, or roll back to the las
 
 from dataclasses import dataclass
 
-from ..model.registry import Registry
+from ..registry import Registry
 
 EXIT_NONFINITE = 3
 NONFINITE = Registry("train.nonfinite policy", traits={

@@ -12,7 +12,7 @@ from ..data.tokenizer import word_starts
 from ..model.electra import CrammedForReplacedTokenDetection
 from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
 from ..model.parametrization import PARAMETRIZATIONS
-from ..model.registry import Registry, invalid
+from ..registry import Registry, invalid
 from .masking import MASKINGS, MaskContext, mask_tokens
 
 OBJECTIVES = Registry("objective", traits={

@@ -11,7 +11,7 @@ import torch
 from ..engines import Engine
 from ..errors import UserError
 from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametrization
-from ..model.registry import Registry, invalid, own_problem
+from ..registry import Registry, invalid, own_problem
 from .lion import Lion
 
 OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: run_problem(entry, config), traits={

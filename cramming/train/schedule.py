@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..model.registry import Registry, invalid
+from ..registry import Registry, invalid
 
 SCHEDULES = Registry("schedule", ask=lambda entry, config: run_problem(entry, config))
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
