@@ -56,6 +56,7 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
         cls_token_id=special_ids["cls"],
         sep_token_id=special_ids["sep"],
         mask_token_id=special_ids["mask"],
+        causal=OBJECTIVES.trait(arch.objective, "causal"),
     )
     return OBJECTIVES[arch.objective].head(config)
 

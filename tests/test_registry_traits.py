@@ -2,6 +2,7 @@
 reading, traits are opt-in (False unless the entry says so, by registration or class attribute), and the checks
 that used to test names ask the trait and list, from the registry, the entries that have it."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,7 @@ from cramming.model.patterns import PATTERNS, Global
 from cramming.model.positions import POSITIONS, PositionScheme
 from cramming.registry import Registry
 from cramming.model.token_dropping import problem as token_dropping_problem
+from cramming.pretraining import build_model
 from cramming.train.masking import masking_problem
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES
@@ -145,12 +147,40 @@ def test_whole_word_masking_asks_whether_the_objective_masks(monkeypatch):
     assert masking_problem(config) is None
 
 
-def test_the_saved_config_agrees_with_the_objectives_causal_trait():
-    """CrammedConfig.causal names clm (a saved config answers without cramming/train/): it must say what the trait
-    says, for every objective."""
-    assert {n: CrammedConfig(objective=n).causal for n in OBJECTIVES} == {n: OBJECTIVES.trait(n, "causal")
-                                                                        for n in OBJECTIVES}
-    assert OBJECTIVES.having("causal") == ["clm"]
+def built_config(objective: str) -> CrammedConfig:
+    arch = ArchConfig(objective=objective, hidden_size=32, num_heads=4, ffn_size=64, num_layers=2)
+    runtime = SimpleNamespace(attention="sdpa", rotary="torch", loss="plain")
+    return build_model(arch, 97, {"pad": 0, "cls": 2, "sep": 3, "mask": 4}, runtime).config
+
+
+def test_the_config_built_for_an_objective_says_its_causal_trait():
+    assert {n: built_config(n).causal for n in OBJECTIVES} == {n: OBJECTIVES.trait(n, "causal") for n in OBJECTIVES}
+
+
+def test_a_new_causal_objective_needs_no_name_in_the_model(tmp_path, monkeypatch):
+    """An objective that says `causal` gets a causal model, and its saved config.json answers so without the
+    objectives: the model folder never tests an objective's name (this one is new to it)."""
+    monkeypatch.setitem(OBJECTIVES, "prefix-lm", OBJECTIVES["clm"])  # the clm objective under a new name
+    config = built_config("prefix-lm")
+    assert config.causal and config.objective == "prefix-lm"
+    config.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["causal"] is True
+    assert CrammedConfig.from_pretrained(tmp_path).causal is True
+    monkeypatch.setattr(OBJECTIVES["clm"], "causal", False)  # the trait says no: the next-token head refuses
+    with pytest.raises(ValueError, match="objective 'prefix-lm', whose attention is bidirectional"):
+        built_config("prefix-lm")
+
+
+@pytest.mark.parametrize("objective, causal", [("clm", True), ("mlm", False), ("rtd", False)])
+def test_a_config_saved_before_it_said_causal_reads_as_its_objective_did(objective, causal, tmp_path):
+    """config.json files written before `causal` was stored lack the key; so do configs built by hand."""
+    CrammedConfig(objective=objective).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("causal", None)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert CrammedConfig.from_pretrained(tmp_path).causal is causal
+    assert CrammedConfig(objective=objective).causal is causal
+    assert CrammedConfig(objective=objective, causal=not causal).causal is (not causal)
 
 
 def onebit(optimizer: str) -> PretrainConfig:

@@ -6,6 +6,7 @@ import dataclasses
 from transformers import PretrainedConfig
 
 from .arch import ArchConfig
+from .renamed import causal_before
 
 ARCH_DEFAULTS = ArchConfig()
 # Options grouped in a section of their own (`arch.attention.window`), restored from config.json's nested dicts.
@@ -29,13 +30,19 @@ class CrammedConfig(PretrainedConfig):
         cls_token_id: int = 2,
         sep_token_id: int = 3,
         mask_token_id: int = 4,
+        causal: bool | None = None,
         **kwargs,
     ):
         """Every ArchConfig field is a keyword here with the same default; sections (attention, linear_args) take
-        a dict or their dataclass, and their flat names (attention_window=) as older checkpoints saved them."""
+        a dict or their dataclass, and their flat names (attention_window=) as older checkpoints saved them.
+        causal: attention sees only the past. Whoever builds the config from a run says it, from the objective's
+        `causal` trait (pretraining.build_model), and config.json keeps it, so a saved config answers without the
+        objectives (cramming/train/). None: a config that does not say, saved before it was stored or built by
+        hand, reads as the objectives of that time did (renamed.causal_before)."""
         self.vocab_size = vocab_size
         for field in dataclasses.fields(ArchConfig):
             setattr(self, field.name, arch_value(field.name, kwargs))
+        self.causal = causal_before(self.objective) if causal is None else bool(causal)
         self.classifier_dropout = classifier_dropout
         self.attention_impl = attention_impl
         self.rotary_impl = rotary_impl
@@ -45,13 +52,6 @@ class CrammedConfig(PretrainedConfig):
         kwargs.pop("tie_word_embeddings", None)  # derived from tie_embeddings; present when loading a saved config
         super().__init__(pad_token_id=pad_token_id, sep_token_id=sep_token_id,
                          tie_word_embeddings=self.tie_embeddings, **kwargs)
-
-    @property
-    def causal(self) -> bool:
-        """Attention sees only the past: the objective predicts the next token (`objective: clm`). The one place
-        that names an objective: a saved config must answer without the training package (the objectives live in
-        cramming/train/); tests/test_registry_traits.py holds it to the objectives' `causal` trait."""
-        return self.objective == "clm"
 
     def to_dict(self) -> dict:
         """config.json holds the sections as nested dicts."""

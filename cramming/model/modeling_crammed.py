@@ -29,7 +29,8 @@ from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS
 from .registry import copy_into
 from .renamed import OLD_KEYS, current_keys
-from .token_dropping import TokenImportance, dropping_layers, gather_tokens, scatter_tokens
+from .stacks import build_stack
+from .token_dropping import TokenImportance, dropping_layers
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
 
@@ -113,6 +114,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
         self.unet = UNetSkips(config) if config.unet_skips else None
+        self.stack = build_stack(config)  # how the blocks run: in turn, as a U-net, or dropping tokens (stacks.py)
         self._register_load_state_dict_pre_hook(current_keys)
         self.post_init()
 
@@ -126,7 +128,7 @@ class CrammedModel(CrammedPreTrainedModel):
                 document_ids=None, **unused) -> BaseModelOutput:
         """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
         after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too.
-        keep: the (batch, k) positions the token-dropping layers update (dropped_layers); None: every layer sees
+        keep: the (batch, k) positions the token-dropping layers update (stacks.DroppingStack); None: every layer sees
         every token.
         position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
         counts). Generation passes them derived from the mask (kv_cache.position_ids_from_mask), so a left-padded
@@ -154,13 +156,7 @@ class CrammedModel(CrammedPreTrainedModel):
             return base._replace(bias=bias, value_embedding=values.get(i),
                                  cache=None if cache is None else LayerCache(cache, i, past))
 
-        dropping = dropping_layers(self.config) if keep is not None else None
-        if dropping is None:
-            x = self.run_layers(x, range(len(self.layers)), at)
-        else:
-            x = self.run_layers(x, range(dropping.start), at)
-            x = self.dropped_layers(x, keep, dropping, ctx, at)
-            x = self.run_layers(x, range(dropping.stop, len(self.layers)), at)
+        x = self.stack(self, x, ctx, at, keep)  # chosen at build: plain, U-net or token dropping
         return BaseModelOutput(last_hidden_state=self.final_norm(x))
 
     def embed(self, input_ids, past: int, where) -> torch.Tensor:
@@ -170,29 +166,6 @@ class CrammedModel(CrammedPreTrainedModel):
         if pos is not None:
             x = x + pos.to(x.dtype)
         return self.embedding_project(self.dropout(self.embedding_norm(x)))
-
-    def run_layers(self, x, layers: range, at) -> torch.Tensor:
-        """The blocks `layers` in turn, each with its context at(i); the U-net skips join the mirrored halves."""
-        outputs = []  # each block's output, for the U-net skips (never with token dropping: token_dropping.problem)
-        for i in layers:
-            if self.unet is not None:
-                x = self.unet(i, x, outputs)
-            x = self.layers[i](x, at(i))
-            outputs.append(x)
-        return x
-
-    def dropped_layers(self, x, keep, layers: range, ctx: Context, at) -> torch.Tensor:
-        """Token dropping's layers [first, last) update only the kept tokens; the dropped ones wait as they are and
-        rejoin after them (token_dropping.py). With cross_first the first of them reads every token as keys and
-        values, and only the kept queries' rows go on (the reference's cross-attention)."""
-        kept, first = ctx.kept(keep, x.shape[1]), layers.start
-        if self.config.token_dropping.cross_first:
-            y = gather_tokens(self.layers[first](x, at(first)), keep)
-        else:
-            y = self.layers[first](gather_tokens(x, keep), at(first, kept))
-        for i in layers[1:]:
-            y = self.layers[i](y, at(i, kept))
-        return scatter_tokens(x, keep, y)
 
     @staticmethod
     def document_position_ids(document_ids, position_ids, cache):

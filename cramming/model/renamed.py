@@ -1,4 +1,5 @@
-"""Tensor names that checkpoints saved before a module of the model was renamed hold, and where they live now.
+"""What checkpoints saved before a change hold, read as the model reads it now: tensor names of renamed modules, and
+the causal flag configs did not yet carry.
 Read by from_pretrained (transformers' key_mapping), by load_state_dict (a pre-hook: resume, a state dict) and by
 train.init_from and train.averaging, so every old checkpoint still loads. Only the standard library: Hugging Face
 copies this folder flat next to the weights."""
@@ -23,3 +24,14 @@ def current_keys(state_dict, prefix, *args) -> None:
         new = prefix + current_key(key[len(prefix):])
         if new != key:
             state_dict[new] = state_dict.pop(key)
+
+
+# The objectives whose attention was causal when config.json did not yet say `causal` (issue 27): a config without
+# the key reads as these did. New objectives declare the `causal` trait instead (cramming/train/objectives.py), and
+# the configs built for them say so.
+CAUSAL_BEFORE = ("clm",)
+
+
+def causal_before(objective: str) -> bool:
+    """Whether a config that does not say `causal` attends causally: what its objective meant before configs said."""
+    return objective in CAUSAL_BEFORE

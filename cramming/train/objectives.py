@@ -1,7 +1,7 @@
 """Training objectives by name (`arch.objective`): the head each trains, how a batch of packed token ids becomes
 the model's keyword arguments (input_ids, labels and what else the head reads), and which predictions score which
-targets in validation. The model computes the loss; this only prepares its inputs. The model itself reads the
-objective once, as `CrammedConfig.causal`."""
+targets in validation. The model computes the loss; this only prepares its inputs. The model never reads the
+objective's name: the config built for it says `causal` (its trait), and config.json keeps it."""
 
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,7 +17,7 @@ from .masking import MASKINGS, MaskContext, mask_tokens
 
 OBJECTIVES = Registry("objective", traits={
     "masks_tokens": "its batches mask tokens for the model to predict (train.masking chooses which)",
-    "causal": "its model attends causally (CrammedConfig.causal answers the same for a saved config)",
+    "causal": "its model attends causally (the config built for it says causal=true, and keeps it)",
     "scores_masked_only": "validation scores the masked positions only (the sparse head decodes only those)",
 })
 
