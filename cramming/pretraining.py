@@ -179,16 +179,8 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
         config = with_source_tokenizer(config, source, config.data.cache_dir)
     folder, meta = prepare(config, engine)
     tokenizer = load_tokenizer(folder)
-    model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
-    if source is not None:
-        load_source(model, source, config.train.init_from, config.arch)
-        say(f"init_from: the weights of {source.folder} ({source.kind}); a new run: fresh optimizer, budget clock "
-            "and schedule", flush=True)
+    model, parameters, flops = new_model(config, meta, runtime, engine, source, say)
     torch.manual_seed(config.seed + engine.rank)  # same initial weights everywhere, different dropout
-    parameters, flops = count_parameters(model), flops_per_token(model, config)
-    say(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
-        f"train), device {runtime.device}, precision {runtime.precision}, compile {runtime.compile}, "
-        f"attention {runtime.attention}, rotary {runtime.rotary}{engine.describe()}", flush=True)
     model, optimizer, scaler = place(config, model, runtime, engine)
     averaging = build_averaging(config.train, engine.unwrap(model))  # before the microbatch probe: EMA's memory
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
@@ -208,12 +200,8 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     measure = functools.partial(heldout_metrics, engine.unwrap(model), objective, folder, meta, config.train,
                                 microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
     eval_start = time.time()
-    if not state.untrained:
-        state.untrained = measure()
-        if NONFINITE.trait(config.train.nonfinite, "checkpoint_first"):
-            checkpointer.save(model, optimizer, scaler, state)
+    measure_untrained(config, state, measure, lambda: checkpointer.save(model, optimizer, scaler, state), say)
     eval_seconds = time.time() - eval_start
-    say(f"untrained validation loss {state.untrained['val_loss']:.4f}", flush=True)
 
     log = MetricsLog.for_run(run_dir, config) if engine.main else SilentLog()
     every = config.train.validate_every_minutes
@@ -225,11 +213,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
                       microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
                       autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])
-    result, final, validating = fit(trainer, state, measure, log, validation)
-    if trainer.ended:
-        say(f"target reached: {trainer.ended}", flush=True)
-    say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
-        f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
+    result, final, validating = fit(trainer, state, measure, log, validation, say)
     rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
     started = time.time()
     averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
@@ -241,6 +225,31 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
     save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
     return summary
+
+
+def new_model(config: PretrainConfig, meta: dict, runtime, engine, source, say):
+    """The objective's model for this data, with train.init_from's weights when given; says what it is and
+    returns it with its parameter count and forward FLOPs per token."""
+    model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
+    if source is not None:
+        load_source(model, source, config.train.init_from, config.arch)
+        say(f"init_from: the weights of {source.folder} ({source.kind}); a new run: fresh optimizer, budget clock "
+            "and schedule", flush=True)
+    parameters, flops = count_parameters(model), flops_per_token(model, config)
+    say(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
+        f"train), device {runtime.device}, precision {runtime.precision}, compile {runtime.compile}, "
+        f"attention {runtime.attention}, rotary {runtime.rotary}{engine.describe()}", flush=True)
+    return model, parameters, flops
+
+
+def measure_untrained(config: PretrainConfig, state, measure, checkpoint, say) -> None:
+    """The held-out loss before the first step (a resumed run has it already); a non-finite policy that restores
+    the last checkpoint gets one of the untrained weights."""
+    if not state.untrained:
+        state.untrained = measure()
+        if NONFINITE.trait(config.train.nonfinite, "checkpoint_first"):
+            checkpoint()
+    say(f"untrained validation loss {state.untrained['val_loss']:.4f}", flush=True)
 
 
 def save_all(model, averaging, averaged, tokenizer, summary: dict, run_dir: Path, runtime, engine, rebuild) -> None:
@@ -267,7 +276,7 @@ def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective
             "checkpoint": str(path)}
 
 
-def fit(trainer, state, measure, log, validation) -> tuple[dict, dict, float]:
+def fit(trainer, state, measure, log, validation, say) -> tuple[dict, dict, float]:
     """The budget loop, then the final validation: its result, the final metrics and the seconds validating."""
     try:
         result = trainer.fit(state)
@@ -277,6 +286,10 @@ def fit(trainer, state, measure, log, validation) -> tuple[dict, dict, float]:
         log.log({"step": result["steps"], **final})
     finally:
         log.close()
+    if trainer.ended:
+        say(f"target reached: {trainer.ended}", flush=True)
+    say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
+        f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
     return result, final, seconds
 
 
