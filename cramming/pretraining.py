@@ -29,19 +29,19 @@ from .train.averaging import average_final, build_averaging
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
-from .train.heldout import PeriodicHeldout, target_summary, heldout_metrics
 from .train.flops import forward_flops_per_token
 from .train.fp8 import convert_to_fp8
+from .train.heldout import PeriodicHeldout, heldout_metrics, target_summary
+from .train.init_from import load_source, open_source, with_source_tokenizer
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch
 from .train.nonfinite import NONFINITE
 from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
-from .train.init_from import load_source, open_source, with_source_tokenizer
+from .train.recompute import recompute_blocks
 from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.state import TrainState
-from .train.recompute import recompute_blocks
 from .train.trainer import Budget, Parts, Trainer
 
 

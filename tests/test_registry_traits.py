@@ -19,9 +19,9 @@ from cramming.model.inits import zero_init_problem
 from cramming.model.linear import LINEARS, block_projections
 from cramming.model.patterns import PATTERNS, Global
 from cramming.model.positions import POSITIONS, PositionScheme
-from cramming.registry import Registry
 from cramming.model.token_dropping import problem as token_dropping_problem
 from cramming.pretraining import build_model
+from cramming.registry import Registry
 from cramming.train.masking import masking_problem
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES

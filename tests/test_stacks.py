@@ -7,7 +7,7 @@ import torch
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.model.stacks import DroppingStack, Stack, UNetStack
 
-SIZES = dict(hidden_size=32, num_heads=4, ffn_size=64, num_layers=4, vocab_size=97)
+SIZES = {"hidden_size": 32, "num_heads": 4, "ffn_size": 64, "num_layers": 4, "vocab_size": 97}
 
 
 def model(**options) -> CrammedForMaskedLM:

@@ -4,11 +4,11 @@ It goes through the same fine-tuning and metrics as a GLUE task, so it is return
 """
 
 import csv
-import json
 import math
 from pathlib import Path
 
 from ..errors import UserError
+from .jsonl import json_objects
 from .tasks import Example, TaskData
 
 TASK_TYPES = ("classification", "regression")
@@ -49,7 +49,7 @@ def _read_rows(path: Path, text_fields: list[str], label_field: str) -> list[tup
         raise UserError(f"{path}: custom task files must end in .csv, .tsv or .jsonl")
     wanted = [*text_fields, label_field]
     rows = []
-    for number, record in (_jsonl(path) if suffix == ".jsonl" else _table(path, suffix, wanted)):
+    for number, record in (json_objects(path) if suffix == ".jsonl" else _table(path, suffix, wanted)):
         missing = [f for f in wanted if record.get(f) is None]
         if missing:
             raise UserError(f"{path} line {number}: missing field(s) {', '.join(missing)}")
@@ -76,19 +76,6 @@ def _table(path: Path, suffix: str, wanted: list[str]):
             if len(fields) != len(header):
                 raise UserError(f"{path} line {reader.line_num}: malformed row ({len(fields)} fields, expected {len(header)})")
             yield reader.line_num, dict(zip(header, fields))
-
-
-def _jsonl(path: Path):
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise UserError(f"{path} line {number}: not valid JSON ({err.msg})") from None
-                if not isinstance(record, dict):
-                    raise UserError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
-                yield number, record
 
 
 def _as_number(raw) -> float | None:

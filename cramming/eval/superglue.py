@@ -16,6 +16,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..registry import Registry
 from . import superglue_metrics as m
+from .jsonl import json_objects
 from .tasks import Example, TaskData, load_hub
 
 HUB_DATASET = "aps/super_glue"
@@ -232,29 +233,20 @@ def _read_local(folder: Path, spec: SuperGlueTask, split: str) -> list[tuple[dic
     """(flat row, where) per example, labels as the hub's class indices."""
     path = _local_path(folder, spec, split)
     rows = []
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path} line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            try:
-                flat = list(FLATTEN.get(spec.name, lambda r: [r])(record))
-            except (KeyError, TypeError, IndexError) as err:
-                raise UserError(f"{where}: malformed {spec.name} record ({type(err).__name__}: {err})") from None
-            for row in flat:
-                if spec.labels:
-                    raw = _field(row, "label", where)
-                    if isinstance(raw, list | dict) or raw not in spec.labels:
-                        raise UserError(f"{where}: label {raw!r} is not one of "
-                                        f"{', '.join(map(json.dumps, dict.fromkeys(spec.labels)))}")
-                    row["label"] = spec.labels[raw]
-                rows.append((row, where))
+    for number, record in json_objects(path):
+        where = f"{path} line {number}"
+        try:
+            flat = list(FLATTEN.get(spec.name, lambda r: [r])(record))
+        except (KeyError, TypeError, IndexError) as err:
+            raise UserError(f"{where}: malformed {spec.name} record ({type(err).__name__}: {err})") from None
+        for row in flat:
+            if spec.labels:
+                raw = _field(row, "label", where)
+                if isinstance(raw, list | dict) or raw not in spec.labels:
+                    raise UserError(f"{where}: label {raw!r} is not one of "
+                                    f"{', '.join(map(json.dumps, dict.fromkeys(spec.labels)))}")
+                row["label"] = spec.labels[raw]
+            rows.append((row, where))
     return rows
 
 

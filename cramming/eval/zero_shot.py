@@ -8,7 +8,6 @@ context + continuation past the encoded context's length. `acc` picks the highes
 divided by the ending's length in characters (lm-eval's `len(choice)`, api/task.py, without the delimiter).
 """
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from ..config import check
 from ..errors import UserError
 from .finetune import HEADS, collate
+from .jsonl import json_objects
 from .tasks import TaskData
 
 DELIMITER = " "  # lm-eval's default target_delimiter between the context and each ending
@@ -53,19 +53,9 @@ def read_items(path: Path) -> list[Item]:
     if not path.is_file():
         raise UserError(f"zero-shot task file {path} does not exist (eval.tasks names <eval.data_dir>/<task>.jsonl)")
     items, fields = [], None
-    with open(path, encoding="utf-8-sig") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            fields = fields or (HELLASWAG_FIELDS if "ctx_a" in row else GENERIC_FIELDS)
-            items.append(check_item(row, fields, where))
+    for number, row in json_objects(path, place="{path}:{number}"):
+        fields = fields or (HELLASWAG_FIELDS if "ctx_a" in row else GENERIC_FIELDS)
+        items.append(check_item(row, fields, f"{path}:{number}"))
     if not items:
         raise UserError(f"{path}: no items")
     return items

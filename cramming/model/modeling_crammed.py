@@ -34,7 +34,6 @@ from .token_dropping import TokenImportance, dropping_layers
 from .unet import UNetSkips
 from .value_embeddings import ValueEmbeddings
 
-
 # save_pretrained(push_to_hub=True, ...)'s keywords that only the push reads.
 HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
 

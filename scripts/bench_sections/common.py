@@ -100,6 +100,18 @@ def thread_counts(device) -> list[int]:
     return sorted({1, default}) if device.type == "cpu" else [default]
 
 
+def taking_turns(sides: dict, rounds: int, step) -> tuple[dict, dict]:
+    """Each side's median seconds of step(side, index) and all its times: one warm-up step each (index -1), then
+    the sides take turns, round by round, on the same indices, so a change in the machine's load hits both."""
+    times = {name: [] for name in sides}
+    for side in sides.values():
+        step(side, -1)
+    for r in range(rounds):
+        for name, side in sides.items():
+            times[name].append(step(side, r))
+    return {name: statistics.median(t) for name, t in times.items()}, times
+
+
 def at_each_thread_count(counts: list[int], measure) -> dict:
     """{threads: measure()} with torch set to each count in turn, and the default restored after."""
     default, results = torch.get_num_threads(), {}

@@ -15,11 +15,9 @@ Triton kernel's per-token ids) and the restarted positions. On CPU it is measure
 default count, as sections 6 and 7 are.
 """
 
-import statistics
-
 import torch
 
-from .common import at_each_thread_count, compose_config, table, target, thread_counts, timed
+from .common import at_each_thread_count, compose_config, table, taking_turns, target, thread_counts, timed
 from .train import train_step
 
 CASES = ["crammed-bert-tiny", "gpt-tiny"]
@@ -75,18 +73,12 @@ def check_sides(sides: dict, seq: int, vocab: int, device) -> None:
 def measure(sides: dict, batch: int, seq: int, vocab: int, rounds: int, device) -> dict:
     """Median step seconds of each side, the steps taking turns on the same batches after a warm-up step."""
     generator = torch.Generator(device=device)
-    times = {name: [] for name in sides}
 
     def step(side, index):
         ids = packed_batch(index, batch, seq, vocab, generator, device)
         return timed(lambda: train_step(side, ids, generator, side["clip"], side["autocast"]), device)
 
-    for side in sides.values():
-        step(side, -1)
-    for r in range(rounds):
-        for name, side in sides.items():
-            times[name].append(step(side, r))
-    medians = {name: statistics.median(t) for name, t in times.items()}
+    medians, times = taking_turns(sides, rounds, step)
     return {"step_s": medians, "times": times, "ratio": medians["without"] / medians["with"]}
 
 

@@ -11,11 +11,9 @@ count predicts (cramming.pretraining.flops_per_token, whose kept-only layers cou
 measured at one torch thread and at the default count, as section 6 is.
 """
 
-import statistics
-
 import torch
 
-from .common import at_each_thread_count, compose_config, table, target, thread_counts, timed
+from .common import at_each_thread_count, compose_config, table, taking_turns, target, thread_counts, timed
 from .train import train_step
 
 ARCH = ["arch=crammed-bert-tiny", "arch.num_layers=12"]
@@ -48,19 +46,13 @@ def build(keep, seq: int, vocab: int, device, smoke: bool) -> dict:
 def measure(sides: dict, batch: int, seq: int, vocab: int, rounds: int, device) -> dict:
     """Median step seconds of each side, the steps taking turns on the same batches after a warm-up step."""
     generator = torch.Generator(device=device)
-    times = {name: [] for name in sides}
 
     def step(side, index):
         generator.manual_seed(1000 + index)
         ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
         return timed(lambda: train_step(side, ids, generator, side["clip"], side["autocast"]), device)
 
-    for side in sides.values():
-        step(side, -1)
-    for r in range(rounds):
-        for name, side in sides.items():
-            times[name].append(step(side, r))
-    medians = {name: statistics.median(t) for name, t in times.items()}
+    medians, times = taking_turns(sides, rounds, step)
     return {"step_s": medians, "times": times, "speedup": medians["full"] / medians["dropping"]}
 
 
