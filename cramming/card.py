@@ -10,8 +10,14 @@ from pathlib import Path
 from .atomic import write_atomic
 
 CARD = "README.md"
-PIPELINES = {"mlm": "fill-mask", "clm": "text-generation"}  # rtd (ELECTRA) is a pretraining head: none
-LOADERS = {"mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM", "rtd": "AutoModelForPreTraining"}
+
+
+def head_of(objective: str):
+    """The class the objective pretrains (its `head`), which says how the hub shows it (`pipeline_tag`) and which
+    Auto class loads it (`_auto_class`, set by register_for_auto_class); None for an objective not registered here."""
+    from .train.objectives import OBJECTIVES
+
+    return OBJECTIVES[objective].head if objective in OBJECTIVES else None
 
 
 def launch_command() -> str:
@@ -30,8 +36,9 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
     config, data = summary["config"], summary["data"]
     arch = config["arch"]
     objective = arch["objective"]
-    front = ["---", "library_name: transformers", *([f"pipeline_tag: {PIPELINES[objective]}"]
-                                                      if objective in PIPELINES else []),
+    head = head_of(objective)
+    pipeline, loader = getattr(head, "pipeline_tag", None), getattr(head, "_auto_class", None) or "AutoModel"
+    front = ["---", "library_name: transformers", *([f"pipeline_tag: {pipeline}"] if pipeline else []),
              "tags:", "- cramming", f"- {objective}", "- custom_code", "---", ""]
     source = config["data"]["source"] + (f" ({config['data']['path']})" if config["data"].get("path") else "")
     started = f"; started from the weights of `{summary['init_from']}`" if summary.get("init_from") else ""
@@ -56,9 +63,9 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
         f"| tokens seen | {summary['tokens']:,} in {summary['steps']:,} steps |",
         loss,
         "", "## How it was made", "", "```bash", summary.get("command") or "(not recorded)", "```", "",
-        "## Use", "", "```python", f"from transformers import AutoTokenizer, {LOADERS.get(objective, 'AutoModel')}",
+        "## Use", "", "```python", f"from transformers import AutoTokenizer, {loader}",
         "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
-        f"model = {LOADERS.get(objective, 'AutoModel')}.from_pretrained(path, trust_remote_code=True)", "```", "",
+        f"model = {loader}.from_pretrained(path, trust_remote_code=True)", "```", "",
     ]
     return "\n".join(front + lines + evaluation_lines(evaluations))
 

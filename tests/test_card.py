@@ -76,3 +76,21 @@ def test_push_refuses_in_one_line(checkpoint, tmp_path, capsys, args, fragment):
         push_main([a.format(tmp=tmp_path, ckpt=checkpoint) for a in args])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+@pytest.mark.parametrize("objective, pipeline, loader", [
+    ("mlm", "fill-mask", "AutoModelForMaskedLM"),
+    ("clm", "text-generation", "AutoModelForCausalLM"),
+    ("rtd", None, "AutoModelForPreTraining"),
+    ("a-plugin-not-loaded", None, "AutoModel"),
+])
+def test_the_card_asks_the_objectives_head_how_the_hub_shows_and_loads_it(checkpoint, objective, pipeline, loader):
+    """pipeline_tag and the Auto class come from the head the objective pretrains, not from a table of names."""
+    from cramming.card import card_text
+
+    summary = json.loads((checkpoint / "train_summary.json").read_text())
+    summary["config"]["arch"]["objective"] = objective
+    card = card_text(summary)
+    assert front_matter(card).get("pipeline_tag") == pipeline
+    assert f"from transformers import AutoTokenizer, {loader}\n" in card
+    assert f"model = {loader}.from_pretrained(path, trust_remote_code=True)" in card

@@ -194,7 +194,9 @@ def test_a_computed_position_table_grows_to_max_length_and_a_learned_one_refuses
     fit_length(config, 384)
     assert config.max_seq_length == 384  # sinusoids are computed from the config: SQuAD's 384 tokens fit
     for position, layout, what in (("learned", "transformer", "learned position table"),
-                                   ("rotary", ["gmlp"], "gMLP spatial matrix")):
+                                   ("rotary", ["gmlp"], "gmlp blocks' sequence-sized weights"),
+                                   ("learned", ["gmlp", "attention"],
+                                    "learned position table and gmlp blocks' sequence-sized weights")):
         with pytest.raises(UserError, match=rf"eval.recipe.max_length=384 is longer than this checkpoint's {what} "
                                             r"\(max_seq_length=128\); set eval.recipe.max_length=128"):
             fit_length(SimpleNamespace(max_seq_length=128, position=position, layout=layout), 384)

@@ -15,6 +15,8 @@ from transformers import AutoConfig, AutoModelForQuestionAnswering
 
 from ..config import check
 from ..errors import UserError
+from ..model.block import BLOCKS
+from ..model.positions import POSITIONS
 from .benchmarks import BENCHMARKS, _check_task_list
 from .config import recipe_for
 from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
@@ -58,13 +60,17 @@ def build_qa_model(checkpoint: str, dropout: float, random_init: bool, max_lengt
 
 def fit_length(config, max_length: int) -> None:
     """Grow a crammed model's computed position table (sinusoids) to max_length: SQuAD's 384 tokens on a checkpoint
-    pretrained at 128. A learned table or gMLP's spatial matrix is weights of that size and cannot grow."""
+    pretrained at 128. A learned table (the scheme's `learned_table`) or a block's sequence-sized weights (gMLP's
+    spatial matrix: `fixed_length`) are weights of that size and cannot grow."""
     limit = config.max_seq_length
     if max_length <= limit:
         return
     layout = config.layout if isinstance(config.layout, list) else [config.layout]
-    if config.position == "learned" or "gmlp" in layout:
-        what = "learned position table" if config.position == "learned" else "gMLP spatial matrix"
+    fixed = [f"{config.position} position table"] if POSITIONS.trait(config.position, "learned_table") else []
+    fixed += [f"{kind} blocks' sequence-sized weights" for kind in dict.fromkeys(layout)
+              if BLOCKS.trait(kind, "fixed_length")]
+    if fixed:
+        what = " and ".join(fixed)
         raise UserError(f"eval.recipe.max_length={max_length} is longer than this checkpoint's {what} "
                         f"(max_seq_length={limit}); set eval.recipe.max_length={limit} and eval.squad.doc_stride "
                         "below it minus max_query_length minus 4")

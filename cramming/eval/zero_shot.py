@@ -148,7 +148,7 @@ def score_items(model, tokenizer, items: list[Item], max_length: int, batch_size
 def causal_refusal(model_config) -> str | None:
     """Why this checkpoint cannot score text left to right, or None."""
     if model_config.model_type == "crammed":
-        causal = getattr(model_config, "objective", "mlm") == "clm"
+        causal = getattr(model_config, "causal", False)  # what the checkpoint's objective said (its config)
     else:
         causal = any(a.endswith(("CausalLM", "LMHeadModel")) for a in model_config.architectures or ())
     if causal:

@@ -43,6 +43,7 @@ class CrammedPreTrainedModel(PreTrainedModel):
     base_model_prefix = "encoder"
     _supports_sdpa = True
     drops_tokens = False  # a head whose training forward drops tokens (arch.token_dropping) says so
+    pipeline_tag = None  # the hub's task for a model pretrained with this head (its model card says it)
 
     @property
     def logit_multiplier(self) -> float:
@@ -195,6 +196,7 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
     drops_tokens = True  # arch.token_dropping: its training forward chooses the tokens the middle layers see
+    pipeline_tag = "fill-mask"
 
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
@@ -257,6 +259,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     """
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
+    pipeline_tag = "text-generation"
 
     def __init__(self, config: CrammedConfig):
         if not config.causal:

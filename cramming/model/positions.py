@@ -20,6 +20,7 @@ POSITIONS = Registry("position", traits={
     # at the embedding, or rotary turned by each kept token's own position; not a bias over (seq x seq) distances
     "token_subsets": "its positions travel with the tokens: layers may see a subset of them (arch.token_dropping)",
     "alibi": "the attention kernels add ALiBi's distance bias themselves (masks.py)",
+    "learned_table": "its table is trained weights of arch.max_seq_length rows: a fine-tuning cannot make it longer",
 })
 
 
@@ -127,6 +128,7 @@ class NoPE(PositionScheme):
 class Learned(PositionScheme):
     table = LearnedPositions
     token_subsets = True
+    learned_table = True
 
 
 @POSITIONS.register_one("sinusoidal")
