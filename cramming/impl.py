@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UserError
-from .registry import Registry, invalid
+from .registry import Registry, invalid, listed
 
 # Dense 16-bit tensor-core peaks with fp32 accumulation (what autocast runs: bf16 from compute capability 8.0,
 # fp16 before it), TFLOP/s, from the vendor datasheets and architecture whitepapers, by a part of
@@ -85,6 +85,11 @@ def ieee_fp32(device: torch.device, dtype) -> bool:
     return device.type == "cuda" and dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
 
 
+# `auto`'s preference, fastest first: Triton where it may run (on CUDA, TF32 allowed), then SDPA, then eager, which
+# serves every pattern. The first that can serve the run is taken; a refused choice's message lists the others.
+AUTO_ATTENTION = ("triton", "sdpa", "eager")
+
+
 def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=None,
                     documents: bool = False) -> tuple[str, str]:
     """`auto` picks the Triton kernels on CUDA when they can serve the model (dtype: the attention inputs', i.e.
@@ -95,15 +100,20 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     from .model.rotary import ROTARY_IMPLS
 
     no_triton = triton_problem(device)
+
+    def problem(kernel: str) -> str | None:
+        return ((no_triton if ATTENTION_KERNELS.trait(kernel, "needs_triton") else None)
+                or attention_kernel_problem(kernel, arch, device, dtype, documents))
+
     if name == "auto":
         triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
-        candidates = (["triton"] if triton_ok else []) + ["sdpa", "eager"]
-        name = next(c for c in candidates if attention_kernel_problem(c, arch, device, dtype, documents) is None)
-    reason = ((no_triton if ATTENTION_KERNELS.trait(name, "needs_triton") else None)
-              or attention_kernel_problem(name, arch, device, dtype, documents))
-    if reason:
-        fallback = "eager" if name == "sdpa" else "sdpa"
-        raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention={fallback}")
+        name = next(c for c in AUTO_ATTENTION
+                    if (triton_ok or not ATTENTION_KERNELS.trait(c, "needs_triton")) and problem(c) is None)
+    if reason := problem(name):
+        ranked = [*AUTO_ATTENTION, *sorted(set(ATTENTION_KERNELS) - set(AUTO_ATTENTION))]
+        serving = [c for c in ranked if c != name and c in ATTENTION_KERNELS and problem(c) is None]
+        raise UserError(f"impl.attention={name} cannot serve this run: {reason}; or use impl.attention="
+                        f"{listed(serving)}")
     if ROTARY_IMPLS.trait(rotary, "needs_triton") and no_triton:
         raise UserError(f"impl.rotary={rotary} cannot serve this run: {no_triton}; or use impl.rotary="
                         f"{ROTARY_IMPLS.choices('needs_triton', has=False)}")

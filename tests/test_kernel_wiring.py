@@ -157,3 +157,20 @@ def test_pretrain_with_the_triton_kernels_matches_sdpa(tmp_path):
         assert (saved["attention_impl"], saved["rotary_impl"], saved["loss_impl"]) == ("sdpa", "torch", "plain")
     assert len(losses["triton"]) == 4
     assert losses["triton"] == pytest.approx(losses["sdpa"], rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("interpret, arch, name, others", [
+    (False, ArchConfig(), "triton", "sdpa or eager"),  # no GPU: Triton cannot run, the PyTorch kernels can
+    (True, ArchConfig(attention_dropout=0.1), "triton", "sdpa or eager"),
+    (True, ArchConfig(attention=AttentionConfig(pattern=["topk"])), "sdpa", "eager"),  # top-k: eager alone
+    (True, ArchConfig(position="rpe"), "triton", "sdpa or eager"),
+])
+def test_a_refused_kernel_names_every_kernel_that_can_serve_the_run(interpret, arch, name, others, monkeypatch):
+    """The message's alternatives are asked of the registry, in auto's order, not a fixed name."""
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(UserError) as err:
+        impl.resolve_kernels(name, "torch", arch, CPU)
+    assert str(err.value).endswith(f"; or use impl.attention={others}")
