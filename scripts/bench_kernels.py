@@ -347,6 +347,52 @@ def write_docs(path, markdown):
     path.write_text(text, encoding="utf-8")
 
 
+def new_results(args, argv, cuda: bool, name: str, peak, triton_version: str) -> dict:
+    """The results record before any measurement: what ran, where, with which versions and settings."""
+    return {"smoke": args.smoke, "date": datetime.date.today().isoformat(), "dtype": "bfloat16" if cuda else "float32",
+            "command": " ".join(["python", "scripts/bench_kernels.py", *(sys.argv[1:] if argv is None else argv)]),
+            "device": {"name": name, "peak_tbps": peak, "peak_source": "datasheet"},
+            "versions": {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
+                         "python": platform.python_version(), "triton_interpret": os.environ.get("TRITON_INTERPRET")},
+            "settings": {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_seconds": args.max_seconds},
+            "notes": [], "attention": [], "rotary": [], "targets": []}
+
+
+def kernel_functions(res: dict) -> dict:
+    """The kernels compared: ours (None where it does not import, noted in res), SDPA's flash path, eager."""
+    from torch.nn import functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cramming.model.attention import eager_attention
+    from cramming.model.masks import AttentionSpec
+    from cramming.model.rotary import apply_rotary_torch
+
+    flash, flash_error = try_import("cramming.kernels.attention", "flash_attention")
+    rot_triton, rot_error = try_import("cramming.kernels.rotary", "apply_rotary_triton")
+    res["import_errors"] = {"flash_attention": flash_error, "apply_rotary_triton": rot_error}
+    for what, error in (("flash_attention", flash_error), ("apply_rotary_triton", rot_error)):
+        if error:
+            res["notes"].append(f"ours ({what}) not importable, its columns show n/a: {error}")
+            print(f"bench_kernels: {what} not importable ({error}); benchmarking the rest", flush=True)
+    return {"ours": flash and (lambda q, k, v, causal: flash(q, k, v, AttentionSpec(causal=causal))),
+            "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+            "sdpa_ctx": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION),
+            "eager": lambda q, k, v, causal: eager_attention(q, k, v, AttentionSpec(causal=causal)),
+            "rot_ours": rot_triton, "rot_eager": apply_rotary_torch}
+
+
+def measure_copy(bench, res: dict, cuda: bool) -> None:
+    """copy_'s bandwidth, the rotary target's reference (on a CPU smoke run it also stands in for the peak)."""
+    src = bench.new((1 << 28) if cuda else (1 << 16))  # 512 MiB of bf16 on a GPU: far beyond any L2
+    res["device"]["copy_gbps"] = 2 * src.numel() * src.element_size() / 1e6 / bench.timer(
+        partial(torch.empty_like(src).copy_, src))
+    del src
+    if not cuda:  # no datasheet for a CPU: in the smoke run the copy stands in, so the peak code path still runs
+        res["device"].update(peak_tbps=res["device"]["copy_gbps"] / 1000, peak_source="smoke: the measured copy_")
+    print(f"copy_: {fmt(res['device']['copy_gbps'])} GB/s; peak: {res['device']['peak_tbps'] or 'unknown'} TB/s "
+          f"({res['device']['peak_source']})", flush=True)
+
+
 def main(argv=None):
     started, args, cuda = time.monotonic(), parse_args(argv), torch.cuda.is_available()
     if not cuda and not args.smoke:
@@ -360,24 +406,12 @@ def main(argv=None):
         os.environ["TRITON_INTERPRET"] = "0"
     sys.path.insert(0, str(REPO))
     import triton
-    from torch.nn import functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from cramming.model.attention import eager_attention
-    from cramming.model.masks import AttentionSpec
-    from cramming.model.rotary import apply_rotary_torch
 
     if args.smoke:
         args.warmup_ms, args.rep_ms = min(args.warmup_ms, 2), min(args.rep_ms, 5)
     grid, name = SMOKE if args.smoke else FULL, torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})"
     peak = next((t for p, t in PEAK_TBPS if re.search(p, name)), None) if cuda else None
-    res = {"smoke": args.smoke, "date": datetime.date.today().isoformat(), "dtype": "bfloat16" if cuda else "float32",
-           "command": " ".join(["python", "scripts/bench_kernels.py", *(sys.argv[1:] if argv is None else argv)]),
-           "device": {"name": name, "peak_tbps": peak, "peak_source": "datasheet"},
-           "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-                        "python": platform.python_version(), "triton_interpret": os.environ.get("TRITON_INTERPRET")},
-           "settings": {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "max_seconds": args.max_seconds},
-           "notes": [], "attention": [], "rotary": [], "targets": []}
+    res = new_results(args, argv, cuda, name, peak, triton.__version__)
 
     def save():
         res["elapsed_s"], res["targets"] = round(time.monotonic() - started, 1), evaluate_targets(res, grid)
@@ -388,30 +422,12 @@ def main(argv=None):
         if args.write_docs:
             write_docs(args.write_docs, markdown)
 
-    flash, flash_error = try_import("cramming.kernels.attention", "flash_attention")
-    rot_triton, rot_error = try_import("cramming.kernels.rotary", "apply_rotary_triton")
-    res["import_errors"] = {"flash_attention": flash_error, "apply_rotary_triton": rot_error}
-    for what, error in (("flash_attention", flash_error), ("apply_rotary_triton", rot_error)):
-        if error:
-            res["notes"].append(f"ours ({what}) not importable, its columns show n/a: {error}")
-            print(f"bench_kernels: {what} not importable ({error}); benchmarking the rest", flush=True)
-    fns = {"ours": flash and (lambda q, k, v, causal: flash(q, k, v, AttentionSpec(causal=causal))),
-           "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-           "sdpa_ctx": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION),
-           "eager": lambda q, k, v, causal: eager_attention(q, k, v, AttentionSpec(causal=causal)),
-           "rot_ours": rot_triton, "rot_eager": apply_rotary_torch}
+    fns = kernel_functions(res)
 
     print(f"bench_kernels: {name}, torch {torch.__version__}, triton {triton.__version__}, {res['dtype']}"
           + (" (smoke: numbers meaningless)" if args.smoke else ""), flush=True)
     bench = Bench(args, cuda, res, save, started)
-    src = bench.new((1 << 28) if cuda else (1 << 16))  # 512 MiB of bf16 on a GPU: far beyond any L2
-    res["device"]["copy_gbps"] = 2 * src.numel() * src.element_size() / 1e6 / bench.timer(
-        partial(torch.empty_like(src).copy_, src))
-    del src
-    if not cuda:  # no datasheet for a CPU: in the smoke run the copy stands in, so the peak code path still runs
-        res["device"].update(peak_tbps=res["device"]["copy_gbps"] / 1000, peak_source="smoke: the measured copy_")
-    print(f"copy_: {fmt(res['device']['copy_gbps'])} GB/s; peak: {res['device']['peak_tbps'] or 'unknown'} TB/s "
-          f"({res['device']['peak_source']})", flush=True)
+    measure_copy(bench, res, cuda)
     bench.rotary(fns, grid)
     bench.attention(fns, grid)
     save()
