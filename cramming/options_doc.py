@@ -76,15 +76,12 @@ def value_text(value) -> str:
 def components() -> dict[str, tuple]:
     """{key: (registry, extra choices)} for every option that names entries of a registry: the ones the schema
     declares (REGISTRIES, checked by the validation walk), and those checked where they are used (impl.py,
-    data/local_text.py, eval/)."""
+    data/local_text.py), and eval.tasks: every benchmark's task_table."""
     from . import kernels  # noqa: F401  registers the Triton kernels by name
     from .config import PretrainConfig
     from .data.local_text import ENCODING_ERRORS
+    from .eval.benchmarks import BENCHMARKS
     from .eval.config import EvalRunConfig
-    from .eval.ner import NER_TASKS
-    from .eval.squad_data import SQUAD_TASKS
-    from .eval.superglue import SUPERGLUE_TASKS
-    from .eval.tasks import GLUE_TASKS
     from .impl import COMPILE_MODES
     from .rules import registry_keys, resolve
 
@@ -92,7 +89,18 @@ def components() -> dict[str, tuple]:
     named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
             "data.encoding_errors": (dict.fromkeys(ENCODING_ERRORS), ()),
-            "eval.tasks": ({**GLUE_TASKS, **SUPERGLUE_TASKS, **NER_TASKS, **SQUAD_TASKS}, ())}
+            "eval.tasks": (benchmark_tasks(BENCHMARKS), ())}
+
+
+def benchmark_tasks(benchmarks) -> dict[str, str]:
+    """{task: the line saying which eval.kind runs it}, from each benchmark's task_table (None: names are free)."""
+    from .registry import listed
+
+    kinds = {}
+    for kind, benchmark in benchmarks.items():
+        for task in benchmark.task_table or ():
+            kinds.setdefault(task, []).append(kind)
+    return {task: f"a task of eval={listed(sorted(names))}." for task, names in kinds.items()}
 
 
 def accepts(key: str, cls, name: str, named: dict) -> str:
@@ -131,7 +139,10 @@ def key_rows(schema, defaults: dict, named: dict, skip: tuple = ()):
 
 
 def entry_line(entry) -> str:
-    """The first line of a registry entry's own docstring (one defined in cramming, not inherited)."""
+    """The first line of a registry entry's own docstring (one defined in cramming, not inherited); an entry given
+    as text (eval.tasks: benchmark_tasks) is its own line."""
+    if isinstance(entry, str):
+        return entry
     owner = entry if inspect.isclass(entry) or callable(entry) and not hasattr(entry, "__dict__") else None
     owner = owner or (entry if inspect.isfunction(entry) or inspect.isclass(entry) else type(entry))
     doc = owner.__dict__.get("__doc__") if inspect.isclass(owner) else getattr(owner, "__doc__", None)

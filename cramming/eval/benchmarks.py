@@ -15,6 +15,7 @@ BENCHMARKS = Registry("benchmark", traits={  # eval.kind
 
 
 def _check_task_list(e, known, what: str) -> None:
+    """eval.tasks: at least one, each from `known` (the benchmark's task_table), none twice."""
     check(bool(e.tasks), "eval.tasks", e.tasks, "name at least one task")
     for task in e.tasks:
         check_choice("eval.tasks", task, known)
@@ -24,13 +25,15 @@ def _check_task_list(e, known, what: str) -> None:
 @BENCHMARKS.register_one("glue")
 class Glue:
     title = "GLUE"
+    # The names eval.tasks may take (validation, docs/options.md); None where they are free (file or harness names).
+    task_table = GLUE_TASKS
     summary_key = "glue"  # results.json: models.<label>.glue
     average_set = GLUE_SET  # left out of eval.tasks: not comparable
     columns = COLUMNS
     skippable = True  # eval.skip_missing applies
 
     def validate(self, e) -> None:
-        _check_task_list(e, GLUE_TASKS, "GLUE")
+        _check_task_list(e, self.task_table, self.title)
 
     def trained(self, e) -> list[str]:
         """The tasks fine-tuned (each one model per seed), in eval.tasks' order."""
@@ -48,13 +51,14 @@ class SuperGlue(Glue):
     """The eight tasks and the two diagnostics, which the RTE model predicts (SuperGLUE's baselines did so)."""
 
     title = "SuperGLUE"
+    task_table = SUPERGLUE_TASKS
     summary_key = "superglue"
     average_set = superglue_metrics.SUPERGLUE_SET
     columns = (("BoolQ", "boolq"), ("CB", "cb"), ("COPA", "copa"), ("MultiRC", "multirc"), ("ReCoRD", "record"),
                ("RTE", "rte"), ("WiC", "wic"), ("WSC", "wsc"), ("AX-b", "axb"), ("AX-g", "axg"))
 
     def validate(self, e) -> None:
-        _check_task_list(e, SUPERGLUE_TASKS, "SuperGLUE")
+        _check_task_list(e, self.task_table, self.title)
         for diagnostic in superglue_metrics.DIAGNOSTICS:
             check(diagnostic not in e.tasks or "rte" in e.tasks, "eval.tasks", e.tasks,
                   f"{diagnostic} is predicted by the RTE model: add rte to eval.tasks (or drop {diagnostic})")
@@ -77,6 +81,7 @@ class Custom(Glue):
     """The user's own task (custom.py); no benchmark average, and its errors are never skipped."""
 
     average_set = ()
+    task_table = None  # one task, from eval.train_file and eval.dev_file
     skippable = False
 
     def validate(self, e) -> None:

@@ -160,12 +160,13 @@ class Ner(Custom):
     """Named-entity recognition (docs/ner.md): a tag per word, entity-level F1; no average, errors never skipped."""
 
     title = "NER"
+    task_table = NER_TASKS
     average_set = tuple(NER_TASKS)  # no average; listed so that eval.per_task names only tasks of eval.tasks
     summary_key = "ner"
     columns = (("CoNLL-2003", "conll2003"),)
 
     def validate(self, e) -> None:
-        _check_task_list(e, NER_TASKS, "NER")
+        _check_task_list(e, self.task_table, self.title)
 
     def trained(self, e) -> list[str]:
         return list(e.tasks)

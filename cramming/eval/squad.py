@@ -121,13 +121,14 @@ class Squad:
     """SQuAD v1.1 and v2.0 dev sets: each its own column (F1; exact match in results.json), no average."""
 
     title = "SQuAD"
+    task_table = SQUAD_TASKS
     summary_key = "squad"
     average_set = ()
     columns = (("SQuAD1.1", "squad"), ("SQuAD2.0", "squad_v2"))
     skippable = False
 
     def validate(self, e) -> None:
-        _check_task_list(e, SQUAD_TASKS, "SQuAD")
+        _check_task_list(e, self.task_table, self.title)
         s = e.squad
         for task in e.tasks:
             room = recipe_for(e, task).max_length - s.max_query_length - SPECIAL_TOKENS

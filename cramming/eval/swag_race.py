@@ -171,13 +171,14 @@ class Swag(Glue):
     """SWAG's validation accuracy; no average."""
 
     title = "SWAG"
+    task_table = ("swag",)
     summary_key = "swag"
     average_set = ("swag",)
     columns = (("SWAG", "swag"),)
     skippable = False
 
     def validate(self, e) -> None:
-        _check_task_list(e, ("swag",), "SWAG")
+        _check_task_list(e, self.task_table, self.title)
 
     def load(self, name: str, e):
         return load_swag(e.data_dir)
@@ -191,12 +192,13 @@ class Race(Swag):
     """RACE's dev accuracy: race (both levels, scored whole and per level), or one level's model alone."""
 
     title = "RACE"
+    task_table = tuple(RACE_TASKS)
     summary_key = "race"
     average_set = ("race",)
     columns = (("RACE", "race"), ("RACE-h", "race-high"), ("RACE-m", "race-middle"))
 
     def validate(self, e) -> None:
-        _check_task_list(e, tuple(RACE_TASKS), "RACE")
+        _check_task_list(e, self.task_table, self.title)
         check(not ("race" in e.tasks and len(e.tasks) > 1), "eval.tasks", e.tasks,
               "race already scores race-high and race-middle (its dev per level): list race alone, or the levels")
 

@@ -178,6 +178,7 @@ class ZeroShot:
     """eval.tasks name files <eval.data_dir>/<task>.jsonl; one deterministic scoring per task (eval.seeds=1)."""
 
     title = "zero-shot multiple choice"
+    task_table = None  # eval.tasks name files <eval.data_dir>/<task>.jsonl
     summary_key = "zero_shot"
     average_set = ()
     columns = ()
