@@ -185,8 +185,12 @@ class CompileMode:
 
 
 COMPILE_MODES = Registry("compile mode")
-for _name in ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"):
-    COMPILE_MODES.register(_name)(CompileMode(_name))
+for _name, _about in (
+        ("default", "torch.compile's own default: quick to compile, no autotuning, no CUDA graphs."),
+        ("max-autotune", "Autotunes matmul and Triton configs and records CUDA graphs: the longest compile."),
+        ("max-autotune-no-cudagraphs", "Autotunes like max-autotune, without CUDA graphs (runs off CUDA too)."),
+        ("reduce-overhead", "Records CUDA graphs to cut per-kernel launch overhead, without autotuning.")):
+    COMPILE_MODES.register(_name, about=_about)(CompileMode(_name))
 
 
 def compile_mode_problem(name: str, compiled: bool, asked, device_type: str | None) -> str | None:

@@ -10,6 +10,7 @@ docs/options.md is stale.
 import dataclasses
 import inspect
 import io
+import re
 import textwrap
 import tokenize
 import typing
@@ -88,7 +89,7 @@ def components() -> dict[str, tuple]:
     declared = dict(registry_keys(PretrainConfig)) | dict(registry_keys(EvalRunConfig))
     named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
-            "data.encoding_errors": (dict.fromkeys(ENCODING_ERRORS), ()),
+            "data.encoding_errors": (ENCODING_ERRORS, ()),
             "eval.tasks": (benchmark_tasks(BENCHMARKS), ())}
 
 
@@ -149,7 +150,7 @@ def entry_line(entry) -> str:
     if not doc or not getattr(owner, "__module__", "").startswith("cramming"):
         return ""
     paragraph = inspect.cleandoc(doc).split("\n\n")[0].replace("\n", " ")
-    return paragraph.split(". ")[0].rstrip(".") + "."
+    return re.split(r"\.\s+(?=[A-Z])", paragraph)[0].rstrip(".") + "."  # "et al. 2024" is no sentence end
 
 
 def table(rows) -> list[str]:
@@ -184,9 +185,8 @@ def registries() -> list[str]:
     lines = []
     for key, (registry, extra) in components().items():
         lines += ["", f"### `{key}`", ""]
-        said = {name: entry_line(registry[name]) for name in sorted(registry)}  # not import order
-        if len(registry) > 1 and len(set(said.values())) == 1:  # one class's instances: its line says it once
-            lines, said = lines + [next(iter(said.values())), ""], dict.fromkeys(said, "")
+        about = getattr(registry, "about", {})
+        said = {name: about.get(name) or entry_line(registry[name]) for name in sorted(registry)}  # not import order
         lines += [f"- `{name}`: {line}" if line else f"- `{name}`" for name, line in said.items()]
         lines += [f"- `{name}`: chosen for the machine (see the key's meaning)" for name in extra]
     return lines

@@ -39,6 +39,7 @@ class Registry(dict):
         self.kind = kind
         self.ask = ask
         self.traits = dict(traits or {})
+        self.about = {}  # name -> its one line for docs/options.md, where the entry has no docstring of its own
 
     def declared(self, trait: str) -> str:
         """The trait's name, if this registry declares it; else KeyError naming the registry and its traits."""
@@ -47,11 +48,12 @@ class Registry(dict):
             raise KeyError(f"the {self.kind} registry declares no trait {trait!r} (its traits: {have})")
         return trait
 
-    def register(self, name: str, problem=None, **traits):
+    def register(self, name: str, problem=None, about: str | None = None, **traits):
         """The one way entries are added (register_one goes through it). problem(run_config) -> str | None: what
-        the entry refuses, for entries (functions) that cannot carry a `problem` of their own; traits: declared
-        traits the entry has, set as its attributes (a function cannot declare class attributes). An undeclared
-        trait raises here, before anything is added."""
+        the entry refuses, for entries (functions) that cannot carry a `problem` of their own; about: the entry's
+        one line for docs/options.md, for entries without a docstring of their own (torch's functions, instances
+        of one class); traits: declared traits the entry has, set as its attributes (a function cannot declare
+        class attributes). An undeclared trait raises here, before anything is added."""
         for trait in traits:
             self.declared(trait)
 
@@ -65,14 +67,16 @@ class Registry(dict):
                 obj.problem = problem
             for key, value in traits.items():
                 setattr(obj, key, value)
+            if about is not None:
+                self.about[name] = about
             self[name] = obj
             return obj
 
         return add
 
-    def register_one(self, name: str, **traits):
+    def register_one(self, name: str, about: str | None = None, **traits):
         """Register one instance of the decorated class: for options whose objects carry the behaviour."""
-        register = self.register(name, **traits)  # the traits are checked here, before the class exists
+        register = self.register(name, about=about, **traits)  # traits are checked here, before the class exists
 
         def add(cls):
             register(cls())

@@ -38,3 +38,15 @@ def test_eval_tasks_lists_every_benchmarks_task_table_and_a_new_one_joins(monkey
     tasks = options_doc.benchmark_tasks(BENCHMARKS)
     assert tasks["alpha"] == "a task of eval=mine." and tasks["rte"] == "a task of eval=glue, mine or superglue."
     assert "- `alpha`: a task of eval=mine." in options_doc.render()
+
+
+def test_every_registry_entry_has_its_own_line():
+    """Each name an option accepts is explained: its docstring's first sentence or the line it was registered with
+    (torch's functions, instances of one class); "et al. 2024" does not end that sentence."""
+    for key, (registry, _) in options_doc.components().items():
+        about = getattr(registry, "about", {})
+        for name in registry:
+            line = about.get(name) or options_doc.entry_line(registry[name])
+            assert line and line.endswith(".") and len(line) > 12, (key, name, line)
+    page = options_doc.render()
+    assert "- `muon`: Muon (Jordan et al. 2024:" in page and "- `relu2`: ReLU squared" in page

@@ -49,7 +49,12 @@ def fingerprint(files: list[Path]) -> list:
     return [[str(f.resolve()), f.stat().st_size, int(f.stat().st_mtime)] for f in files]
 
 
-ENCODING_ERRORS = ("strict", "replace", "ignore")
+# data.encoding_errors: Python's own error handlers, each with its one line for docs/options.md.
+ENCODING_ERRORS = {
+    "strict": "A byte that is not valid in data.encoding stops the run in one line naming the file.",
+    "replace": "Each invalid byte becomes U+FFFD, the replacement character, and the run goes on.",
+    "ignore": "Invalid bytes are dropped silently.",
+}
 
 
 def encoding_problem(encoding: str, errors: str) -> str | None:

@@ -58,6 +58,8 @@ class PythonDocs:
 
 @SOURCES.register("local-text")
 class LocalText:
+    """Your own files: plain text, JSON lines or a JSON array (data.path, data.text_field; data/local_text.py)."""
+
     @staticmethod
     def problem(config) -> str | None:
         if not config.data.path:
@@ -81,6 +83,8 @@ class LocalText:
 
 @SOURCES.register("hub")
 class Hub:
+    """A Hugging Face hub dataset's text field, streamed (data.hub: its path, name, split and field)."""
+
     @staticmethod
     def problem(config) -> str | None:
         hub = config.data.hub

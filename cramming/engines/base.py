@@ -23,6 +23,8 @@ def whole_matrices(optimizer: str) -> bool:
 
 
 class Engine:
+    """One process on one device: nothing shared (every other engine overrides only what it changes)."""
+
     name = "none"
     active = False  # several processes share the run
     state_folder = None  # the checkpoint's sub-folder holding this engine's own state files, if it has one

@@ -7,6 +7,8 @@ from .torchrun import Torchrun
 
 
 class DDP(Torchrun):
+    """DistributedDataParallel under torchrun: a whole replica per rank, gradients all-reduced in buckets."""
+
     name = "ddp"
 
     def wrap(self, model, device: torch.device):

@@ -157,6 +157,8 @@ def full_weights(engine) -> dict[str, torch.Tensor]:
 
 
 class DeepSpeed(Torchrun):
+    """DeepSpeed's ZeRO stages 0-2 under torchrun (the [deepspeed] extra), with its optional 1-bit Adam."""
+
     name = "deepspeed"
     state_folder = FOLDER
     same_world_to_resume = True  # each rank's ZeRO partition of the optimizer state is its own file

@@ -15,6 +15,8 @@ def blocks_of(model) -> list:
 
 
 class FSDP2(Torchrun):
+    """FSDP2 (`fully_shard`) under torchrun: each block's weights, gradients and optimizer state sharded."""
+
     name = "fsdp2"
     state_folder = "sharded"
     shards_weights = True

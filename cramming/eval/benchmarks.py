@@ -24,6 +24,8 @@ def _check_task_list(e, known, what: str) -> None:
 
 @BENCHMARKS.register_one("glue")
 class Glue:
+    """GLUE: the eight tasks of the paper's average (WNLI on request), each fine-tuned from the checkpoint."""
+
     title = "GLUE"
     # The names eval.tasks may take (validation, docs/options.md); None where they are free (file or harness names).
     task_table = GLUE_TASKS

@@ -31,8 +31,11 @@ class FinetuneSchedule:
                              num_training_steps=total_steps)
 
 
-for _name, _transformers_name in (("cosine", "cosine"), ("linear", "linear"), ("constant", "constant_with_warmup")):
-    SCHEDULES.register(_name)(FinetuneSchedule(_transformers_name))
+for _name, _transformers_name, _about in (
+        ("cosine", "cosine", "Warm-up, then a cosine from the peak to 0."),
+        ("linear", "linear", "Warm-up, then a straight line from the peak to 0 (BERT's fine-tuning)."),
+        ("constant", "constant_with_warmup", "Warm-up, then the peak to the end.")):
+    SCHEDULES.register(_name, about=_about)(FinetuneSchedule(_transformers_name))
 
 
 # Rows are sorted by length within windows of this many batches: batches pad little, yet stay mixed in order.

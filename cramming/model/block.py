@@ -35,6 +35,8 @@ def cache_problem(config) -> str | None:
 
 @BLOCKS.register("attention")
 class TransformerBlock(nn.Module):
+    """Self-attention then the feed-forward block, each with its residual and norm (pre or post, arch.norm_position)."""
+
     kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
     token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
     takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values

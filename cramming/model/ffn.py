@@ -11,14 +11,17 @@ FFNS = Registry("ffn", traits={
     "gated": "its up projection is split into a gate and a value: the down projection takes ffn_size / 2",
 })
 ACTIVATIONS = Registry("activation")
-ACTIVATIONS.register("gelu")(F.gelu)
-ACTIVATIONS.register("relu")(F.relu)
-ACTIVATIONS.register("silu")(F.silu)
-ACTIVATIONS.register("relu2")(lambda x: F.relu(x).square())
+ACTIVATIONS.register("gelu", about="GELU, x * Phi(x) (BERT's).")(F.gelu)
+ACTIVATIONS.register("relu", about="ReLU, max(x, 0).")(F.relu)
+ACTIVATIONS.register("silu", about="SiLU (swish), x * sigmoid(x): SwiGLU's gate with arch.ffn=glu.")(F.silu)
+ACTIVATIONS.register("relu2", about="ReLU squared, max(x, 0)^2 (Primer; the GPT speedrun's MLP).")(
+    lambda x: F.relu(x).square())
 
 
 @FFNS.register("mlp")
 class MLP(nn.Module):
+    """Two projections, hidden -> ffn_size -> hidden, with the activation between (BERT's feed-forward)."""
+
     def __init__(self, config):
         super().__init__()
         self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)

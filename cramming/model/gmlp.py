@@ -46,6 +46,9 @@ class TinyAttention(nn.Module):
 
 
 class GMLPBlock(nn.Module):
+    """gMLP: a spatial gating unit mixes the tokens through a learned sequence-by-sequence matrix instead of
+    attention (with arch.gmlp.attn_dim, aMLP: plus a tiny single-head attention)."""
+
     width_scaled = False  # the spatial gate's fan-in is the sequence, not the width: muP has no rule for it
     fixed_length = True  # the spatial gate is arch.max_seq_length square: no longer sequences
 

@@ -26,6 +26,8 @@ def head_logits(hidden: torch.Tensor, decoder: nn.Linear, softcap: float | None 
 
 @LOSSES.register_one("plain")
 class PlainLoss:
+    """The logits of every predicted row, then cross-entropy: what Hugging Face heads do."""
+
     def __call__(self, hidden: torch.Tensor, decoder: nn.Linear, targets: torch.Tensor, training: bool,
                  softcap: float | None = None, multiplier: float = 1.0):
         """(mean cross-entropy over targets != -100, logits or None), on head_logits."""
@@ -45,6 +47,8 @@ class PlainLoss:
 
 @LOSSES.register_one("fused")
 class FusedLoss(PlainLoss):
+    """Cross-entropy computed in chunks of rows without holding the whole logits (fused_loss.py); training only."""
+
     def __call__(self, hidden, decoder, targets, training, softcap=None, multiplier=1.0):
         if not training:
             return super().__call__(hidden, decoder, targets, training, softcap, multiplier)

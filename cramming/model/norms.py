@@ -10,12 +10,16 @@ NORMS = Registry("norm")
 
 @NORMS.register("layernorm")
 class LayerNorm(nn.LayerNorm):
+    """LayerNorm: each token's features centred and scaled to unit variance, with a learned gain (and bias)."""
+
     def __init__(self, dim: int, eps: float, bias: bool):
         super().__init__(dim, eps=eps, bias=bias)
 
 
 @NORMS.register("rmsnorm")
 class RMSNorm(nn.RMSNorm):
+    """RMSNorm (Zhang & Sennrich 2019): scaled by the root mean square alone, no centring, a learned gain."""
+
     def __init__(self, dim: int, eps: float, bias: bool):
         # RMSNorm has no bias by definition; `bias` is accepted so all norms share one signature.
         super().__init__(dim, eps=eps)

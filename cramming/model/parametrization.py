@@ -57,6 +57,9 @@ class Standard:
 
 @PARAMETRIZATIONS.register_one("mup")
 class Mup(Standard):
+    """muP (Tensor Programs V): hidden init and learning rate scaled by the width, so a base width's tuning
+    carries over to wider models."""
+
     needs_normalised_updates = True  # the lr / m table is Adam's: per-coordinate normalised steps (Lion's too)
     width_relative = True  # m = hidden_size / mup.base_width
 

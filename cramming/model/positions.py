@@ -126,6 +126,8 @@ class NoPE(PositionScheme):
 
 @POSITIONS.register_one("learned")
 class Learned(PositionScheme):
+    """A trained table of arch.max_seq_length rows added to the token embeddings (BERT's)."""
+
     table = LearnedPositions
     token_subsets = True
     learned_table = True
@@ -133,24 +135,32 @@ class Learned(PositionScheme):
 
 @POSITIONS.register_one("sinusoidal")
 class Sinusoidal(PositionScheme):
+    """The fixed sine and cosine table of "Attention is all you need", added to the token embeddings."""
+
     table = SinusoidalPositions
     token_subsets = True
 
 
 @POSITIONS.register_one("scaled-sinusoidal")
 class ScaledSinusoidal(PositionScheme):
+    """The sinusoid table times one learned scalar (Cramming's default): fixed shape, trained scale."""
+
     table = ScaledSinusoidalPositions
     token_subsets = True
 
 
 @POSITIONS.register_one("alibi")
 class ALiBi(PositionScheme):
+    """ALiBi (Press et al. 2022): no table; each head's scores get a penalty linear in the distance."""
+
     alibi = True
     kernel_arg = "alibi"
 
 
 @POSITIONS.register_one("rpe")
 class T5RelativeBias(PositionScheme):
+    """T5's relative-position bias: a learned score per head and log-spaced distance bucket (arch.rpe)."""
+
     kernel_arg = "bias"
 
     def score_bias(self, config) -> nn.Module:
@@ -165,6 +175,8 @@ class T5RelativeBias(PositionScheme):
 
 @POSITIONS.register_one("rotary")
 class Rotary(PositionScheme):
+    """Rotary embeddings (RoFormer): queries and keys turned by angles of their positions (arch.rotary)."""
+
     token_subsets = True  # each kept token is turned by its own position
 
     def rotation(self, config, index: int) -> Rotation | None:

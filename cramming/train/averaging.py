@@ -23,7 +23,7 @@ from ..model.renamed import current_key
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
-AVERAGING.register("none")(None)  # nothing averaged, nothing more saved
+AVERAGING.register("none", about="No averaging: the last weights are the run's only ones.")(None)
 
 
 class Averager(Hook):
@@ -100,6 +100,8 @@ class Averager(Hook):
 
 @AVERAGING.register("ema")
 class EMA(Averager):
+    """An exponential moving average of the weights after each applied step (train.ema.decay)."""
+
     name = "ema"
 
     def __init__(self, cfg, model):
@@ -135,6 +137,8 @@ class EMA(Averager):
 
 @AVERAGING.register("lawa")
 class LAWA(Averager):
+    """The mean of the latest train.lawa.k snapshots taken across the budget (Kaddour 2022)."""
+
     name = "lawa"
 
     def __init__(self, cfg, model):

@@ -43,6 +43,7 @@ def skip(cfg) -> Skip:
 
 @NONFINITE.register("halt")
 def halt(cfg) -> Halt:
+    """Stop the run at the first non-finite step, saying which value was not finite."""
     return Halt("(train.nonfinite=halt)")
 
 

@@ -84,6 +84,7 @@ def fused_adamw(groups: list[dict], cfg) -> torch.optim.AdamW:
 
 @OPTIMIZERS.register("adamw", normalised_updates=True, adamw=True)
 def adamw(model, cfg):
+    """AdamW with decoupled weight decay (torch's fused kernel), Cramming's optimizer."""
     return fused_adamw(width_groups(model, cfg), cfg)
 
 

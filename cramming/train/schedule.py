@@ -52,8 +52,11 @@ class Schedule:
 def register(budget_name: str, step_name: str, with_cooldown: bool = False):
     """Register a shape twice: driven by the budget fraction, and as its step-* twin driven by step / max_steps."""
     def add(shape):
-        SCHEDULES.register(budget_name)(Schedule(budget_name, shape, False, with_cooldown))
-        SCHEDULES.register(step_name)(Schedule(step_name, shape, True, with_cooldown))
+        line = shape.__doc__.strip().split("\n")[0]  # the shape's first line, then what drives it
+        SCHEDULES.register(budget_name, about=f"{line} Driven by the elapsed share of the budget.")(
+            Schedule(budget_name, shape, False, with_cooldown))
+        SCHEDULES.register(step_name, about=f"{line} Driven by step / train.max_steps.")(
+            Schedule(step_name, shape, True, with_cooldown))
         return shape
 
     return add
