@@ -151,6 +151,8 @@ def choose_microbatch(config: PretrainConfig, model, meta: dict, runtime, engine
     microbatch = engine.smallest(microbatch, runtime.device)  # the GPU with the least room decides
     engine.check(replace(config, impl=replace(config.impl, microbatch_size=microbatch)), runtime, microbatch)
     say(f"microbatch: {microbatch} sequences (impl.microbatch_size=auto)", flush=True)
+    if runtime.device.type == "cuda":  # the probes' peaks are not the run's (train_summary's peak_memory_gib)
+        torch.cuda.reset_peak_memory_stats(runtime.device)
     return microbatch
 
 
@@ -279,7 +281,7 @@ def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective
 def fit(trainer, state, measure, log, validation, say) -> tuple[dict, dict, float]:
     """The budget loop, then the final validation: its result, the final metrics and the seconds validating."""
     try:
-        result = trainer.fit(state)
+        result = {**trainer.fit(state), "microbatch": trainer.microbatch}
         started = time.time()
         final = measure()
         seconds = time.time() - started + (validation.seconds if validation else 0.0)
@@ -330,10 +332,20 @@ def summarize(config, runtime, engine, parameters, flops, result, final, untrain
         "device": str(runtime.device),
         "distributed": {"engine": engine.name, "world_size": engine.world},
         "precision": runtime.precision,
+        "microbatch": result.get("microbatch"),  # per device, as impl.microbatch_size gave or `auto` chose
+        "kernels": {"attention": runtime.attention, "rotary": runtime.rotary, "loss": runtime.loss},
+        "peak_memory_gib": peak_memory_gib(runtime.device),  # this process's CUDA peak; null off CUDA
         "data": {"cache": str(folder), **{k: meta[k] for k in ("train_sequences", "val_sequences", "train_tokens",
                                                                 "val_tokens", "vocab_size")}},
         "config": asdict(config),
     }
+
+
+def peak_memory_gib(device) -> float | None:
+    """The most CUDA memory this process's tensors held (torch's allocator), in GiB; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
 
 
 def save_final(model, tokenizer, summary: dict, run_dir: Path, runtime, engine) -> None:

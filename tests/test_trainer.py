@@ -223,6 +223,22 @@ def test_the_summary_reports_the_kernels_autotune_seconds(tmp_path, monkeypatch)
     assert summary["wall_seconds"]["autotune"] == 12.346
 
 
+@pytest.mark.parametrize("microbatch", ["8", "auto"])
+def test_the_summary_says_the_microbatch_the_kernels_and_the_peak_memory(microbatch, tmp_path, monkeypatch):
+    """The GPU day's figures (issue 25): the microbatch used (as given, or as auto chose it), the kernels the
+    runtime resolved, and the CUDA memory peak (null off CUDA; CUDA faked here to see the reading)."""
+    import cramming.pretraining
+
+    monkeypatch.setattr(cramming.pretraining, "auto_microbatch", lambda *args, **kwargs: 4)
+    summary = pretrain(config_for(*TINY, "train.max_steps=2", "train.batch_size=8", "train.schedule=step-constant",
+                                  f"impl.microbatch_size={microbatch}"), tmp_path)
+    assert summary["microbatch"] == (8 if microbatch == "8" else 4)
+    assert summary["kernels"] == {"attention": "sdpa", "rotary": "torch", "loss": "fused"}
+    assert summary["peak_memory_gib"] is None
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30 + 2**29)
+    assert cramming.pretraining.peak_memory_gib(torch.device("cuda", 0)) == 3.5
+
+
 class Recorder(Hook):
     """Writes down each moment the loop calls it at."""
 
