@@ -1,8 +1,11 @@
 """Every check that needs a CUDA GPU, in one call on a machine that reaches no package registry (the H200 test
-machine): install the carried wheels, a pre-flight of the imports, the kernel figures, the benchmark's GPU section
-(its end-to-end MFU, the fused / plain loss ratio and the fp8 / bf16 throughput ratio),
-1-GPU NCCL smoke runs of FSDP2 and DeepSpeed (ZeRO-1, ZeRO-2) on a tiny model with compile off, and compiled
-smoke runs of token dropping under CUDA graphs and of ELECTRA (FEATURES).
+machine), in the order of what each is worth: install the carried wheels, a pre-flight of the imports, then the
+product itself as a user types it (PRODUCT: `pretrain.py impl=gpu` with the default crammed BERT at full size on
+the embedded corpus for about two minutes, `eval.py` on RTE from the carried GLUE folder, and the same pretraining
+with impl.attention=sdpa beside it), the kernel figures, the benchmark's GPU section (its end-to-end MFU, the
+fused / plain loss ratio and the fp8 / bf16 throughput ratio), 1-GPU NCCL smoke runs of FSDP2 and DeepSpeed
+(ZeRO-1, ZeRO-2) on a tiny model with compile off, and compiled smoke runs of token dropping under CUDA graphs and
+of ELECTRA (FEATURES). Each step has a time limit; the whole run stops in BUDGET_S.
 
 Run through scripts/gpu_checks.sh (docs/benchmarks.md says how and what travels). Only stdlib here, so it runs on
 any python3 before the pre-flight has said what is missing. Work folders (logs, runs, the wheels' --target) lie
@@ -29,8 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 540  # the whole run, pre-flight included: a device call allows 10 minutes
-LIMITS_S = {"kernels": 160, "bench_gpu": 240, "fsdp2": 60, "deepspeed_zero1": 60, "deepspeed_zero2": 60,
-            "token_dropping_cudagraphs": 90, "rtd_compiled": 90}  # the last ones get what the budget leaves
+LIMITS_S = {"product": 240, "product_eval": 90, "product_sdpa": 120, "kernels": 160, "bench_gpu": 240,
+            "fsdp2": 60, "deepspeed_zero1": 60, "deepspeed_zero2": 60, "token_dropping_cudagraphs": 90,
+            "rtd_compiled": 90}  # the last ones get what the budget leaves
 REHEARSAL_SLOWER = 4  # a shared 2-core CPU runs even the tiny sizes slower than the GPU machine the full ones
 MAX_FILES, MAX_BYTES = 8, 16 * 2**20  # what may come back from the device machine
 # Modules the checks import (pip name where it differs, for the message), then those only some runs need.
@@ -48,6 +52,15 @@ SIZES = {"gpu": ["arch.num_layers=2", "arch.hidden_size=128", "arch.ffn_size=256
                  "train.batch_size=32", "impl.microbatch_size=16", "train.validation_sequences=32"],
          "rehearsal": ["arch.num_layers=1", "arch.hidden_size=64", "arch.ffn_size=128", "data.seq_length=32",
                        "train.batch_size=8", "impl.microbatch_size=4", "train.validation_sequences=16"]}
+# The product as a user runs it (issue 25): the default recipe (crammed BERT, 16 x 768, seq 128) under impl=gpu
+# (bf16, compile, impl.attention=auto, impl.microbatch_size=auto) on the embedded corpus; its SDPA twin is shorter.
+# A rehearsal runs the same commands on CPU with the tiny model on the sanity corpus.
+PRODUCT = {"product": ["budget=0.033"], "product_sdpa": ["budget=0.012", "impl.attention=sdpa"]}
+PRODUCT_REHEARSAL = ["impl=cpu", "train=cpu-smoke", *SMOKE]
+REHEARSAL_BUDGET = "budget=0.002"  # 7 s: a rehearsal's product runs, whatever PRODUCT's budgets
+GLUE_TASK = "RTE"  # the GLUE task eval.py fine-tunes on the product's checkpoint, from --glue (carried)
+EVAL = {"gpu": ["eval.max_train_examples=2000"],
+        "rehearsal": ["impl=cpu", "eval.max_train_examples=64", "eval.recipe.epochs=1", "eval.recipe.batch_size=8"]}
 ENGINES = {"fsdp2": ["impl.distributed=fsdp2"], "deepspeed_zero1": ["impl.distributed=deepspeed"],
            "deepspeed_zero2": ["impl.distributed=deepspeed", "impl.deepspeed.zero_stage=2"]}
 # Single-process runs of features whose GPU path no CPU test reaches, compiled as a real run is (compile on):
@@ -65,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "gpu_out"),
                    help="the results folder (default $OUT, else gpu_out/)")
     p.add_argument("--wheels", type=Path, default=REPO / ".whl", help="the carried wheels (scripts/fetch_wheels.py)")
+    p.add_argument("--glue", type=Path, default=Path(os.environ.get("GLUE_DIR") or REPO / ".glue"),
+                   help=f"a glue_data/ folder holding {GLUE_TASK}/ (default $GLUE_DIR, else .glue/, carried)")
     return p.parse_args(argv)
 
 
@@ -203,6 +218,51 @@ def preflight(run: Run) -> bool:
     return rc == 0
 
 
+def product(run: Run) -> None:
+    """pretrain.py as a user types it, eval.py on its checkpoint, and the SDPA twin: the figures users came for."""
+    py, rehearsal = sys.executable, run.args.rehearsal
+    for name, options in PRODUCT.items():
+        folder = run.work / "runs" / name
+        run.step(name, [py, "pretrain.py", *(PRODUCT_REHEARSAL if rehearsal else ["impl=gpu"]), *options,
+                        *([REHEARSAL_BUDGET] if rehearsal else []), f"name={name}", f"hydra.run.dir={folder}"],
+                 LIMITS_S[name],
+                 verify=functools.partial(trained, folder))
+        if name != "product":
+            continue
+        if not (run.args.glue / GLUE_TASK / "train.tsv").is_file():
+            run.notes.append(f"product_eval: skipped, no {GLUE_TASK}/train.tsv in --glue {run.args.glue} (copy "
+                             f"../shared/data/glue/{GLUE_TASK} into .glue/ and carry it)")
+            continue
+        results = run.work / "runs" / "product_eval"
+        run.step("product_eval", [py, "eval.py", f"checkpoint={folder / 'checkpoint'}", "eval=glue",
+                                  f"eval.tasks=[{GLUE_TASK.lower()}]", f"eval.data_dir={run.args.glue}",
+                                  *EVAL["rehearsal" if rehearsal else "gpu"], f"hydra.run.dir={results}"],
+                 LIMITS_S["product_eval"], verify=functools.partial(scored, results))
+
+
+def trained(folder: Path) -> str | None:
+    """What is wrong with a product run: no summary or checkpoint, or no loss."""
+    path = folder / "train_summary.json"
+    if not path.is_file() or not (folder / "checkpoint" / "model.safetensors").is_file():
+        return f"no {path.name} or checkpoint/model.safetensors in {folder}"
+    if not isinstance(json.loads(path.read_text()).get("val_loss"), float):
+        return f"{path.name} has no val_loss"
+    return None
+
+
+def scored(folder: Path) -> str | None:
+    """What is wrong with the product's evaluation: no results.json with a GLUE score."""
+    path = folder / "results.json"
+    if not path.is_file():
+        return f"no results.json in {folder}"
+    return None if glue_score(json.loads(path.read_text())) is not None else "results.json holds no GLUE score"
+
+
+def glue_score(results: dict) -> float | None:
+    """The pretrained model's median score on the evaluated task, as eval.py's table shows it."""
+    return results.get("models", {}).get("pretrained", {}).get("scores", {}).get(GLUE_TASK.lower())
+
+
 def checks(run: Run) -> None:
     py, smoke = sys.executable, ["--smoke"] if run.args.rehearsal else []
     docs = run.work / "benchmarks.md"
@@ -252,12 +312,39 @@ def figures(run: Run) -> list[str]:
         lines += ["## Benchmark GPU section", ""] + [f"- {t['status']}: {t['name']}: {t['shown']} (target "
                                                      f"{t['target']})" for t in json.loads(bench.read_text())
                                                      ["targets"]] + [""]
+    lines += product_figures(run)
     smoke = []
     for path in sorted((run.work / "runs").glob("*/train_summary.json")):
+        if path.parent.name in PRODUCT:
+            continue
         s = json.loads(path.read_text())
         smoke.append(f"- {path.parent.name}: {s['steps']} steps on {s['device']}, validation loss "
                      f"{s['untrained_val_loss']:.4g} untrained -> {s['val_loss']:.4g}, {s['tokens_per_s']:.0f} tokens/s")
     return lines + (["## Smoke runs", "", *smoke] if smoke else [])
+
+
+def product_figures(run: Run) -> list[str]:
+    """What the product run measured (train_summary.json), its GLUE score and its speed against the SDPA twin."""
+    runs, lines = run.work / "runs", []
+    for name in PRODUCT:
+        path = runs / name / "train_summary.json"
+        if not path.is_file():
+            continue
+        s = json.loads(path.read_text())
+        wall, mfu = s["wall_seconds"], s.get("mfu")
+        lines.append(f"- {name}: {s['tokens_per_s']:,.0f} tokens/s, MFU {f'{mfu:.1%}' if mfu else 'unknown'}, "
+                     f"microbatch {s.get('microbatch')}, kernels {s.get('kernels')}, {s['precision']}, compile "
+                     f"{wall['compile']:.0f} s (autotune {wall['autotune']:.0f} s), setup {wall['setup']:.0f} s, "
+                     f"peak memory {s.get('peak_memory_gib')} GiB, {s['steps']} steps, validation loss "
+                     f"{s['untrained_val_loss']:.4g} untrained -> {s['val_loss']:.4g}")
+    results = runs / "product_eval" / "results.json"
+    if results.is_file():
+        lines.append(f"- product_eval: {GLUE_TASK} {glue_score(json.loads(results.read_text()))} (pretrained)")
+    speeds = [json.loads((runs / n / "train_summary.json").read_text())["tokens_per_s"] for n in PRODUCT
+              if (runs / n / "train_summary.json").is_file()]
+    if len(speeds) == 2:
+        lines.append(f"- impl.attention=auto / sdpa: {speeds[0] / speeds[1]:.2f}x tokens/s")
+    return ["## The product", "", *lines, ""] if lines else []
 
 
 def collect(run: Run) -> None:
@@ -302,6 +389,7 @@ def main(argv=None) -> int:
             run.notes.append("rehearsal: the wheels served the pre-flight; the checks use .venv's own copies (the "
                              "same versions), as DeepSpeed compiles its CPU shared-memory op against its own path")
         if ok:
+            product(run)
             checks(run)
         collect(run)
         run.write_summary(done=True, figures=figures(run))

@@ -17,7 +17,20 @@ from conftest import REPO
 spec = importlib.util.spec_from_file_location("gpu_checks", REPO / "scripts" / "gpu_checks.py")
 gpu_checks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_checks)
-STEPS = ["kernels", "bench_gpu", *gpu_checks.ENGINES, *gpu_checks.FEATURES]
+STEPS = ["product", "product_eval", "product_sdpa", "kernels", "bench_gpu", *gpu_checks.ENGINES,
+         *gpu_checks.FEATURES]
+
+
+def glue_folder(tmp_path):
+    """A glue_data/ folder with a small RTE in the original layout, as .glue/ carries the real one."""
+    rte = tmp_path / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    for split, rows in (("train", 48), ("dev", 16)):
+        lines = ["index\tsentence1\tsentence2\tlabel"] + [
+            f"{i}\tThe cat number {i} sat on the mat.\tA cat sat.\t{'entailment' if i % 2 else 'not_entailment'}"
+            for i in range(rows)]
+        (rte / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return tmp_path / "glue"
 
 
 def rehearse(tmp_path, hide: list[str], wheels) -> subprocess.CompletedProcess:
@@ -28,8 +41,10 @@ def rehearse(tmp_path, hide: list[str], wheels) -> subprocess.CompletedProcess:
         (shadow / module / "__init__.py").write_text(
             f"raise ModuleNotFoundError(\"No module named '{module}' (hidden by the test)\", name={module!r})\n")
     env = {**os.environ, "PYTHONPATH": str(shadow), "OUT": str(tmp_path / "out"), "GPU_CHECKS_REHEARSAL": "1"}
-    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_checks.sh"), "--wheels", str(wheels)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=1800, check=False)
+    env.pop("GLUE_DIR", None)
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_checks.sh"), "--wheels", str(wheels), "--glue",
+                           str(glue_folder(tmp_path))], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1800, check=False)
 
 
 def carried_wheels(tmp_path, leave_out: str):
@@ -81,6 +96,9 @@ def test_rehearsal_runs_every_step_and_returns_what_the_device_tool_can_carry_ba
         assert f"| {step} | ok | 0 |" in summary, summary
     for engine in [*gpu_checks.ENGINES, *gpu_checks.FEATURES]:  # each smoke run's own summary, read back
         assert f"- {engine}: {gpu_checks.STEPS['rehearsal']} steps on cpu, validation loss" in summary
+    product = summary.split("## The product")[1]  # the product's figures, read back from its runs
+    assert "- product: " in product and "- product_sdpa: " in product and "microbatch" in product
+    assert "- product_eval: RTE " in product and "- impl.attention=auto / sdpa: " in product
     assert json.loads((out / "kernels.json").read_text())["smoke"] is True
     assert json.loads((out / "bench.json").read_text())["sections"]["gpu"]["status"] == "smoke-cpu"
     assert "Smoke run (`--smoke`" in (out / "benchmarks.md").read_text()  # the Kernels block was rewritten
