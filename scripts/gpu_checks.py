@@ -1,7 +1,7 @@
 """Every check that needs a CUDA GPU, in one call on a machine that reaches no package registry (the H200 test
 machine), in the order of what each is worth: install the carried wheels, a pre-flight of the imports, then the
 product itself as a user types it (PRODUCT: `pretrain.py impl=gpu` with the default crammed BERT at full size on
-the embedded corpus for about two minutes, `eval.py` on RTE from the carried GLUE folder, and the same pretraining
+the embedded corpus for 90 s of training, `eval.py` on RTE from the carried GLUE folder, and the same pretraining
 with impl.attention=sdpa beside it), the kernel figures, the benchmark's GPU section (its end-to-end MFU, the
 fused / plain loss ratio and the fp8 / bf16 throughput ratio), 1-GPU NCCL smoke runs of FSDP2 and DeepSpeed
 (ZeRO-1, ZeRO-2) on a tiny model with compile off, and compiled smoke runs of token dropping under CUDA graphs and
@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 540  # the whole run, pre-flight included: a device call allows 10 minutes
-LIMITS_S = {"product": 240, "product_eval": 90, "product_sdpa": 120, "kernels": 160, "bench_gpu": 240,
+LIMITS_S = {"product": 330, "product_eval": 90, "product_sdpa": 150, "kernels": 160, "bench_gpu": 240,
             "fsdp2": 60, "deepspeed_zero1": 60, "deepspeed_zero2": 60, "token_dropping_cudagraphs": 90,
             "rtd_compiled": 90}  # the last ones get what the budget leaves
 REHEARSAL_SLOWER = 4  # a shared 2-core CPU runs even the tiny sizes slower than the GPU machine the full ones
@@ -55,7 +55,9 @@ SIZES = {"gpu": ["arch.num_layers=2", "arch.hidden_size=128", "arch.ffn_size=256
 # The product as a user runs it (issue 25): the default recipe (crammed BERT, 16 x 768, seq 128) under impl=gpu
 # (bf16, compile, impl.attention=auto, impl.microbatch_size=auto) on the embedded corpus; its SDPA twin is shorter.
 # A rehearsal runs the same commands on CPU with the tiny model on the sanity corpus.
-PRODUCT = {"product": ["budget=0.033"], "product_sdpa": ["budget=0.012", "impl.attention=sdpa"]}
+# Budgets: 90 s and 30 s of training; setup (the corpus, the tokenizer), the microbatch probe, compile and the two
+# validations come on top, which the limits allow for (not yet measured on the GPU: summary.md gives each step's time).
+PRODUCT = {"product": ["budget=0.025"], "product_sdpa": ["budget=0.008", "impl.attention=sdpa"]}
 PRODUCT_REHEARSAL = ["impl=cpu", "train=cpu-smoke", *SMOKE]
 REHEARSAL_BUDGET = "budget=0.002"  # 7 s: a rehearsal's product runs, whatever PRODUCT's budgets
 GLUE_TASK = "RTE"  # the GLUE task eval.py fine-tunes on the product's checkpoint, from --glue (carried)
