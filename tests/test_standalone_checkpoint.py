@@ -82,6 +82,7 @@ def test_save_pretrained_with_push_to_hub_pushes_a_standalone_folder(tmp_path, m
         assert (tmp_path / folder / "registry.py").read_bytes() == SHARED.read_bytes()
 
 
+@pytest.mark.slow  # a fresh interpreter per head
 @pytest.mark.parametrize("head", [CrammedForMaskedLM, CrammedForCausalLM])
 def test_a_saved_folder_loads_and_saves_again_where_cramming_cannot_be_imported(head, tmp_path):
     model = tiny(head)
