@@ -228,7 +228,7 @@ def product(run: Run) -> None:
         run.step(name, [py, "pretrain.py", *(PRODUCT_REHEARSAL if rehearsal else ["impl=gpu"]), *options,
                         *([REHEARSAL_BUDGET] if rehearsal else []), f"name={name}", f"hydra.run.dir={folder}"],
                  LIMITS_S[name],
-                 verify=functools.partial(trained, folder))
+                 verify=functools.partial(finished, folder, None, "none"))
         if name != "product":
             continue
         if not (run.args.glue / GLUE_TASK / "train.tsv").is_file():
@@ -240,16 +240,6 @@ def product(run: Run) -> None:
                                   f"eval.tasks=[{GLUE_TASK.lower()}]", f"eval.data_dir={run.args.glue}",
                                   *EVAL["rehearsal" if rehearsal else "gpu"], f"hydra.run.dir={results}"],
                  LIMITS_S["product_eval"], verify=functools.partial(scored, results))
-
-
-def trained(folder: Path) -> str | None:
-    """What is wrong with a product run: no summary or checkpoint, or no loss."""
-    path = folder / "train_summary.json"
-    if not path.is_file() or not (folder / "checkpoint" / "model.safetensors").is_file():
-        return f"no {path.name} or checkpoint/model.safetensors in {folder}"
-    if not isinstance(json.loads(path.read_text()).get("val_loss"), float):
-        return f"{path.name} has no val_loss"
-    return None
 
 
 def scored(folder: Path) -> str | None:
@@ -290,13 +280,16 @@ def checks(run: Run) -> None:
                  LIMITS_S[name], verify=functools.partial(finished, folder, STEPS[mode], "none"))
 
 
-def finished(folder: Path, steps: int, engine: str) -> str | None:
-    """What is wrong with a smoke run's train_summary.json: missing, too few steps, another engine, no loss."""
+def finished(folder: Path, steps: int | None, engine: str) -> str | None:
+    """What is wrong with a run's train_summary.json: missing, too few steps (None: a budget run, any count),
+    another engine, no loss."""
     path = folder / "train_summary.json"
     if not path.is_file():
         return f"no {path.name} in {folder}"
     summary = json.loads(path.read_text())
     got = (summary.get("steps"), summary.get("distributed", {}).get("engine"))
+    if steps is None:
+        steps = got[0]
     if got != (steps, engine) or not isinstance(summary.get("val_loss"), float):
         return f"{path.name}: steps {got[0]} (of {steps}), engine {got[1]} (not {engine}), val_loss {summary.get('val_loss')}"
     return None
@@ -328,11 +321,9 @@ def figures(run: Run) -> list[str]:
 def product_figures(run: Run) -> list[str]:
     """What the product run measured (train_summary.json), its GLUE score and its speed against the SDPA twin."""
     runs, lines = run.work / "runs", []
-    for name in PRODUCT:
-        path = runs / name / "train_summary.json"
-        if not path.is_file():
-            continue
-        s = json.loads(path.read_text())
+    summaries = {name: json.loads((runs / name / "train_summary.json").read_text()) for name in PRODUCT
+                 if (runs / name / "train_summary.json").is_file()}
+    for name, s in summaries.items():
         wall, mfu = s["wall_seconds"], s.get("mfu")
         lines.append(f"- {name}: {s['tokens_per_s']:,.0f} tokens/s, MFU {f'{mfu:.1%}' if mfu else 'unknown'}, "
                      f"microbatch {s.get('microbatch')}, kernels {s.get('kernels')}, {s['precision']}, compile "
@@ -342,10 +333,9 @@ def product_figures(run: Run) -> list[str]:
     results = runs / "product_eval" / "results.json"
     if results.is_file():
         lines.append(f"- product_eval: {GLUE_TASK} {glue_score(json.loads(results.read_text()))} (pretrained)")
-    speeds = [json.loads((runs / n / "train_summary.json").read_text())["tokens_per_s"] for n in PRODUCT
-              if (runs / n / "train_summary.json").is_file()]
-    if len(speeds) == 2:
-        lines.append(f"- impl.attention=auto / sdpa: {speeds[0] / speeds[1]:.2f}x tokens/s")
+    if len(summaries) == len(PRODUCT):
+        auto, sdpa = (summaries[name]["tokens_per_s"] for name in PRODUCT)
+        lines.append(f"- impl.attention=auto / sdpa: {auto / sdpa:.2f}x tokens/s")
     return ["## The product", "", *lines, ""] if lines else []
 
 
