@@ -3,6 +3,7 @@ markdown), so a folder pushed to the hub (`python -m cramming.push`) documents i
 the checkpoint (from train_summary.json); eval.py adds its scores when it evaluates one of our folders."""
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -40,8 +41,10 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
     pipeline, loader = getattr(head, "pipeline_tag", None), getattr(head, "_auto_class", None) or "AutoModel"
     front = ["---", "library_name: transformers", *([f"pipeline_tag: {pipeline}"] if pipeline else []),
              "tags:", "- cramming", f"- {objective}", "- custom_code", "---", ""]
-    source = config["data"]["source"] + (f" ({config['data']['path']})" if config["data"].get("path") else "")
-    started = f"; started from the weights of `{summary['init_from']}`" if summary.get("init_from") else ""
+    source = config["data"]["source"] + (f" ({without_paths(config['data']['path'])})" if config["data"].get("path")
+                                         else "")
+    started = (f"; started from the weights of `{without_paths(summary['init_from'])}`" if summary.get("init_from")
+               else "")
     step = summary.get("intermediate_step")  # an intermediate checkpoint (export.py): the run went on after it
     when = (f" It is the intermediate checkpoint after step {step:,}, {summary['elapsed_seconds'] / 3600:.2f} h "
             "into the budget." if step is not None else "")
@@ -62,7 +65,7 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
         f"| budget | {summary['budget_hours']:g} h{where} |",
         f"| tokens seen | {summary['tokens']:,} in {summary['steps']:,} steps |",
         loss,
-        "", "## How it was made", "", "```bash", summary.get("command") or "(not recorded)", "```", "",
+        "", "## How it was made", "", "```bash", without_paths(summary.get("command") or "(not recorded)"), "```", "",
         "## Use", "", "```python", f"from transformers import AutoTokenizer, {loader}",
         "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
         f"model = {loader}.from_pretrained(path, trust_remote_code=True)", "```", "",
@@ -70,15 +73,29 @@ def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
     return "\n".join(front + lines + evaluation_lines(evaluations))
 
 
+# An absolute path (POSIX or a home folder) inside a text: the card names data by what it is, never by where it
+# lay on the machine that made it.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/-])(?:~|/)[^\s,;()'\"]*")
+
+
+def without_paths(text: str) -> str:
+    """`text` with each absolute path replaced by its last part (a folder's or a file's name)."""
+    return ABSOLUTE_PATH.sub(lambda m: Path(m.group(0).rstrip("/")).name or m.group(0), str(text))
+
+
 def evaluation_lines(evaluations) -> list[str]:
+    """One section per eval.py run: what was evaluated (benchmark kind, data, metric), seeds, comparability."""
     if not evaluations:
         return ["## Evaluation", "", ("Not evaluated yet: `python eval.py checkpoint=<this folder>` adds its scores "
                                       "here."), ""]
     lines = ["## Evaluation", ""]
     for run in evaluations:
         scores = run["scores"]
-        note = "" if run["comparable"] else " (not comparable to published scores)"
-        lines += [f"{run['benchmark']}, {run['seeds']} seed(s), median, {run['finished_at'][:10]}{note}:", "",
+        kind = f" (`eval={run['kind']}`)" if run.get("kind") else ""
+        lines += [f"### {run['benchmark']}{kind}, {run['seeds']} seed(s), median, {run['finished_at'][:10]}", ""]
+        for task, data in run.get("data", {}).items():
+            lines.append(f"- {task}: {data}, metric {run['metrics'][task]}")
+        lines += ["- comparable to published scores: " + ("yes" if run["comparable"] else "no"), "",
                   "| " + " | ".join(scores) + " |", "|" + "---:|" * len(scores),
                   "| " + " | ".join(f"{v:.1f}" for v in scores.values()) + " |", ""]
     return lines

@@ -3,24 +3,55 @@ pretrain.py and eval.py at the repository root call them, and so do the installe
 `cramming-pretrain` and `cramming-eval` (pyproject.toml), from any directory. Runs write under the current
 directory (outputs/, multirun/)."""
 
+import functools
 import shutil
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from .cli import check_no_missing, run_entry
 from .config import load_config
 from .engines import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
-from .errors import EXIT_USER_ERROR, exit_on_user_error
+from .errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from .sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job
 
 CONFIGS = "pkg://cramming.conf"
 
 
+def leaves_nothing_when_refused(fn):
+    """A run refused (a UserError) leaves no folder behind when Hydra's bookkeeping is all it holds; a sweep's job
+    folder stays, as its record of the failure."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg):
+        try:
+            return fn(cfg)
+        except UserError:
+            if HydraConfig.get().mode == RunMode.RUN:
+                remove_if_bookkeeping(Path(HydraConfig.get().runtime.output_dir))
+            raise
+
+    return wrapper
+
+
+def remove_if_bookkeeping(run_dir: Path) -> None:
+    """Remove `run_dir` (and its parents up to the current directory, once empty) when it holds nothing but
+    Hydra's own files (.hydra/, the job's log)."""
+    if not run_dir.is_dir() or not all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir)
+    for parent in run_dir.parents:
+        if parent == Path.cwd() or not parent.is_relative_to(Path.cwd()) or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="pretrain")
 @sweep_job  # one line and exit 2 on a user error; in a multirun, failed jobs are recorded and the sweep goes on
+@leaves_nothing_when_refused
 def pretrain_main(cfg) -> float | None:
     from .pretraining import pretrain
 
@@ -30,6 +61,8 @@ def pretrain_main(cfg) -> float | None:
         return prepare_only(config, Path(run_dir))
     eval_config = eval_after_config(config)  # eval_after: composed and checked now, task data included
     summary = pretrain(config, run_dir)
+    if summary.get("dryrun") and HydraConfig.get().mode == RunMode.RUN:
+        remove_if_bookkeeping(Path(run_dir))  # a dry run checked the config and made nothing to keep
     if env_rank() != 0:
         return None  # rank 0 evaluates, records and returns the objective
     results = evaluate_after(eval_config, summary["checkpoint"], run_dir) if eval_config else None
@@ -42,17 +75,13 @@ def prepare_only(config, run_dir: Path) -> None:
     from .data.prepare import prepare_data
 
     folder, _ = prepare_data(config.data)
-    if all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
-        shutil.rmtree(run_dir)
-        for parent in run_dir.parents:
-            if parent == Path.cwd() or not parent.is_relative_to(Path.cwd()) or any(parent.iterdir()):
-                break
-            parent.rmdir()
+    remove_if_bookkeeping(run_dir)
     print(f"prepared: {folder}", flush=True)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="eval")
 @exit_on_user_error
+@leaves_nothing_when_refused
 def eval_main(cfg) -> None:
     from .eval.config import load_eval_config
     from .eval.recipe import evaluate

@@ -176,7 +176,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     max_steps: int | None = None  # null = the budget alone ends the run
     mask_prob: float = 0.25  # mlm: share of each sequence's tokens masked
-    mask_token_share: float = 0.8  # of the masked positions: [MASK]; the rest split evenly random / unchanged
+    mask_token_share: float = 0.8  # of the masked tokens (or spans): [MASK]; the rest split evenly random / unchanged
     masking: str = "token"  # mlm, rtd: what is masked together: single tokens, whole words or SpanBERT's spans
     span: SpanConfig = field(default_factory=SpanConfig)
     validation_sequences: int = 2048  # sequences of the validation loss
@@ -191,6 +191,7 @@ class TrainConfig:
     resume: str = "auto"  # auto (the newest complete checkpoint of the run), never, or a checkpoints/step-<n> folder
     # a new run from these weights: a checkpoint/ or checkpoints/step-<n> folder, or a BertForMaskedLM (folder or hub id)
     init_from: str | None = None
+    trust_remote_code: bool = False  # train.init_from: read a folder whose model code is not this cramming's own
     nonfinite: str = "skip"  # what a non-finite loss or gradient does
     skip: SkipConfig = field(default_factory=SkipConfig)
     rollback: RollbackConfig = field(default_factory=RollbackConfig)

@@ -15,6 +15,7 @@ from .errors import UserError, exit_on_user_error
 from .renames import moved
 from .train.checkpoint import save_checkpoint
 from .train.resume import MARKER
+from .train.state import load_saved
 
 
 def export_step(step: Path, out: Path | None = None) -> Path:
@@ -32,7 +33,7 @@ def export_step(step: Path, out: Path | None = None) -> Path:
     if not (step / "tokenizer").is_dir():
         raise UserError(f"{step} carries no tokenizer (written before step folders held one); the run's "
                         "checkpoint/ folder loads as it is")
-    saved = torch.load(step / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    saved = load_saved(step / "state.pt")
     if "model" not in saved:
         raise UserError(f"{step} holds its weights in an engine's shards (FSDP2, DeepSpeed); resume the run "
                         "with one process (train.resume) and export a step it writes")

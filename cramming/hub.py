@@ -1,37 +1,122 @@
-"""A Hugging Face hub model id -> a local folder, for the options that take a folder or a hub id
-(train.init_from, eval.py's checkpoint). Offline, a model already in the hub cache is used as it is; one that is
-not is one line saying the hub is unreachable, decided before any request (the hub client otherwise retries for
-about 40 s, logging every retry)."""
+"""The Hugging Face hub, as the options that take a folder or a hub id see it (train.init_from, eval.py's
+checkpoint, data sources and tasks on the hub).
 
+Whether the hub can be asked is decided before the first request (`offline_reason`): offline, the hub client
+retries each request for about 40 s, logging every retry. A model id becomes a local folder (`model_folder`); its
+model code is fetched and allowed only when it is ours or the user allows it (model_code.py).
+"""
+
+import functools
+import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .errors import UserError
+from .model_code import blob_id, foreign_code, named_modules, our_closure, ours
 
 # What a model folder needs: its config, weights and tokenizer (not other frameworks' weights, nor ONNX exports).
-MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "*.md"]
+# Code (*.py) only when it will be allowed to run.
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.md"]
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+PROBE_SECONDS = 3.0
 
 
-def model_folder(key: str, value: str) -> Path:
-    """`value` as a local folder, else as a hub model id (downloaded, or found in the hub cache)."""
+def offline_flag() -> str | None:
+    """The first of the Hugging Face offline variables that is set true, or None."""
+    return next((v for v in OFFLINE_VARIABLES if os.environ.get(v, "").upper() in TRUE_VALUES), None)
+
+
+def offline_reason() -> str | None:
+    """Why the hub cannot be asked, or None."""
+    flag = offline_flag()
+    return f"{flag}=1 is set" if flag else _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+
+
+@functools.cache
+def _probe(endpoint: str) -> str | None:
+    """One connection attempt per run, a few seconds at most: why the endpoint cannot be reached, or None."""
+    url = urlsplit(endpoint)
+    host, port = url.hostname or endpoint, url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+    except OSError as err:
+        return f"cannot connect to {host}:{port} ({err.strerror or type(err).__name__})"
+    return None
+
+
+def model_folder(key: str, value: str, allow_code: bool = False, allow_key: str = "eval.trust_remote_code") -> Path:
+    """`value` as a local folder, else as a hub model id (downloaded, or found in the hub cache). Code that came
+    with it and is not ours is refused, unless `allow_code` (the option `allow_key`)."""
     path = Path(value).expanduser()
     if path.is_dir():
-        return path.resolve()
-    if path.exists() or not REPO_ID.match(value) or value.endswith((".", "-")) or "--" in value or ".." in value:
+        folder = path.resolve()
+    elif path.exists() or not REPO_ID.match(value) or value.endswith((".", "-")) or "--" in value or ".." in value:
         raise UserError(f"{key}={value!r}: no such folder (nor a Hugging Face hub model id); give a model folder "
                         "or an id such as bert-base-uncased")
+    else:
+        folder = _from_hub(key, value, allow_code, allow_key)
+    if not allow_code:
+        refuse_foreign_code(key, value, folder, allow_key)
+    return folder
+
+
+def refuse_foreign_code(key: str, value, folder: Path, allow_key: str) -> None:
+    """One line, before anything is imported, when loading `folder` would run code that is not ours."""
+    name = foreign_code(folder)
+    if name is None:
+        return
+    where = folder / name
+    what = (f"loading it would run {where}, model code that is not this cramming's own" if where.is_file() else
+            f"its config names model code ({name}) that is not this cramming's own, nor in {folder}")
+    raise UserError(f"{key}={value!r}: {what}; if you trust where it came from, allow it with {allow_key}=true")
+
+
+def _from_hub(key: str, value: str, allow_code: bool, allow_key: str) -> Path:
+    """The snapshot folder of a hub model: config, weights and tokenizer, and its code when that is allowed."""
+    reason = offline_reason()
+    folder = _download(key, value, MODEL_FILES, reason)
+    modules = named_modules(folder)
+    if not modules:
+        return folder
+    if allow_code:
+        _download(key, value, ["*.py"], reason)
+    elif (closure := our_closure(modules)) is not None:
+        if reason is None and not _ours_on_hub(key, value, closure):
+            raise UserError(f"{key}={value!r}: its model code on the hub is not this cramming's own; if you trust "
+                            f"where it came from, allow it with {allow_key}=true")
+        try:
+            _download(key, value, closure, reason)  # offline: from the hub cache, if it is there
+        except UserError:
+            pass  # refuse_foreign_code names the file that is missing
+    return folder
+
+
+def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:
+    """Whether the hub holds our bytes under these names, from the ids it lists for each file: nothing fetched."""
+    from huggingface_hub import HfApi
+
+    try:
+        listed = {f.rfilename: f.blob_id for f in HfApi().model_info(value, files_metadata=True).siblings or []}
+    except (OSError, ValueError) as err:
+        raise UserError(f"{key}={value!r}: listing its files on the Hugging Face hub failed "
+                        f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})") from None
+    return all(listed.get(name) == blob_id(ours()[name]) for name in files)
+
+
+def _download(key: str, value: str, patterns: list[str], reason: str | None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    from .eval.tasks import offline_reason
-
-    reason = offline_reason()
     try:
-        return Path(snapshot_download(value, allow_patterns=MODEL_FILES, local_files_only=reason is not None))
+        return Path(snapshot_download(value, allow_patterns=patterns, local_files_only=reason is not None))
     except LocalEntryNotFoundError:
-        raise UserError(f"{key}={value!r}: not a local folder, and the Hugging Face hub is unreachable ({reason or 'no connection'}) "
-                        "and the model is not in its cache; download it while online, or give a folder") from None
+        raise UserError(f"{key}={value!r}: not a local folder, and the Hugging Face hub is unreachable "
+                        f"({reason or 'no connection'}) and the model is not in its cache; download it while "
+                        "online, or give a folder") from None
     except (RepositoryNotFoundError, GatedRepoError):
         raise UserError(f"{key}={value!r}: no such folder, and no such model on the Hugging Face hub (or it is "
                         "private or gated: log in with `hf auth login`)") from None

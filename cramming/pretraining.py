@@ -40,7 +40,7 @@ from .train.nonfinite import NONFINITE
 from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
 from .train.recompute import recompute_blocks
-from .train.resume import Checkpointer, find_resume, load_checkpoint
+from .train.resume import Checkpointer, find_resume, load_checkpoint, resume_folder
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
 
@@ -176,7 +176,9 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     runtime.device = engine.device(runtime.device)
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
     torch.set_flush_denormal(True)
-    source = open_source(config.train.init_from) if config.train.init_from else None
+    if config.train.resume not in ("auto", "never"):
+        resume_folder(config.train.resume)  # before any work: it exists, is whole and loads as plain data
+    source = open_source(config.train.init_from, config.train.trust_remote_code) if config.train.init_from else None
     if source is not None:  # the run reads its text with the source's tokenizer
         config = with_source_tokenizer(config, source, config.data.cache_dir)
     folder, meta = prepare(config, engine)

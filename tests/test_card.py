@@ -10,6 +10,7 @@ from test_eval_cli import evaluate_in_process
 from test_resume import NAN_RUN, config_for
 
 from cramming import pretraining
+from cramming.card import without_paths
 from cramming.push import main as push_main
 
 
@@ -32,7 +33,8 @@ def test_the_checkpoint_has_a_card_saying_what_made_it(checkpoint):
     assert meta["pipeline_tag"] == "fill-mask" and meta["library_name"] == "transformers"
     for fact in (f"| parameters | {summary['parameters']:,} |", "1 layers x 64 wide, 2 heads",
                  f"| tokens seen | {summary['tokens']:,} in 6 steps |", f"{summary['val_loss']:.4f}",
-                 "sanity: ", f"vocabulary {summary['data']['vocab_size']:,}", summary["command"], "Not evaluated yet"):
+                 "sanity: ", f"vocabulary {summary['data']['vocab_size']:,}", "Not evaluated yet",
+                 without_paths(summary["command"])):
         assert fact in card, fact
 
 
@@ -46,6 +48,29 @@ def test_eval_adds_its_scores_to_the_card(checkpoint, tmp_path):
     assert "Not evaluated yet" not in card and "| custom |" in card
     assert f"| {scores['custom']:.1f} |" in card
     front_matter(card)  # still a valid card
+    # what was evaluated, by what it is: the kind, the data's file name (never the path), the metric, comparability
+    assert "### your own task (`eval=custom`), 1 seed(s), median" in card and "GLUE" not in card
+    assert "- custom: train=t.csv dev=t.csv, metric accuracy" in card
+    assert "- comparable to published scores: no" in card
+    assert str(tmp_path) not in card
+
+
+def test_the_card_names_data_never_by_an_absolute_path(checkpoint):
+    from cramming.card import card_text, without_paths
+
+    summary = json.loads((checkpoint / "train_summary.json").read_text())
+    summary["config"]["data"].update(source="local-text", path="/home/someone/corpora/my-text.txt")
+    summary["init_from"] = "/home/someone/runs/base/checkpoint"
+    summary["command"] = "python pretrain.py data=local-text data.path=/home/someone/corpora/my-text.txt name=x"
+    card = card_text(summary, [{"benchmark": "GLUE", "kind": "glue", "seeds": 1, "comparable": True,
+                                "data": {"rte": without_paths("/home/someone/glue_data/RTE")},
+                                "metrics": {"rte": "accuracy"}, "scores": {"rte": 55.0},
+                                "finished_at": "2026-12-05T00:00:00"}])
+    assert "/home/someone" not in card
+    assert "local-text (my-text.txt)" in card and "`checkpoint`" in card and "data.path=my-text.txt" in card
+    assert "- rte: RTE, metric accuracy" in card and "- comparable to published scores: yes" in card
+    assert without_paths("hub:aps/super_glue/boolq and nyu-mll/glue") == "hub:aps/super_glue/boolq and nyu-mll/glue"
+    assert without_paths("lm-eval hellaswag (~/tasks/x)") == "lm-eval hellaswag (x)"
 
 
 def test_push_uploads_the_folder_with_its_card(checkpoint, monkeypatch, capsys):

@@ -217,6 +217,25 @@ def test_hub_offline_says_how_to_use_local_text(tmp_path):
         prepare_data(cfg)
 
 
+def test_an_unreachable_hub_is_one_line_in_seconds_without_the_offline_variables(tmp_path, monkeypatch):
+    """The same probe as eval.py's (cramming/hub.py): one connection attempt, not the client's retries."""
+    import time
+
+    from cramming import hub
+
+    for name in hub.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    hub._probe.cache_clear()
+    cfg = DataConfig(source="hub", hub=[HubSource(path="Salesforce/wikitext", name="wikitext-103-raw-v1")],
+                     cache_dir=str(tmp_path))
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=r"cannot be reached \(cannot connect to 127.0.0.1:9.*data=local-text"):
+        prepare_data(cfg)
+    assert time.perf_counter() - started < 5.0
+    hub._probe.cache_clear()
+
+
 def test_sanity_source(tmp_path):
     folder, meta = prepare_data(DataConfig(source="sanity", vocab_size=256, seq_length=32, max_chars=100_000,
                                            validation_fraction=0.05, cache_dir=str(tmp_path)))

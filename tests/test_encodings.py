@@ -124,6 +124,7 @@ def test_hub_field_that_is_not_text_is_not_called_offline(tmp_path, monkeypatch)
 
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.setattr("cramming.data.hub.offline_reason", lambda: None)  # as if the hub were reachable
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: iter([{"label": 1, "text": "ok"}] * 3))
     cfg = DataConfig(source="hub", hub=[HubSource(path="some/numbers", text_field="label")], cache_dir=str(tmp_path))
     with pytest.raises(UserError) as err:

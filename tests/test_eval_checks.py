@@ -12,12 +12,14 @@ from conftest import REPO, one_line_error
 from safetensors.torch import save_file
 from test_eval_cli import FAST, evaluate_in_process, run_eval
 
-from cramming.eval import recipe as evaluation
+from cramming import hub
 from cramming.errors import UserError
+from cramming.eval import recipe as evaluation
 from cramming.eval import tasks as tasks_module
 from cramming.eval.finetune import train_step
-from cramming.eval.tasks import GLUE_SET, GLUE_TASKS, OFFLINE_VARIABLES
+from cramming.eval.tasks import GLUE_SET, GLUE_TASKS
 from cramming.eval.weights import check_safetensors
+from cramming.hub import OFFLINE_VARIABLES
 from cramming.impl import Runtime
 from cramming.train.checkpoint import SUMMARY
 
@@ -119,14 +121,14 @@ def offline_env(monkeypatch, tmp_path, network: str):
         monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
     else:
         monkeypatch.delenv("HF_ENDPOINT", raising=False)
-        if tasks_module._probe("https://huggingface.co") is None:
+        if hub._probe("https://huggingface.co") is None:
             pytest.skip("huggingface.co is reachable from this machine: the no-network case cannot be seen here")
 
 
 @pytest.mark.parametrize("network", ["flag", "refused", "real"])
 def test_offline_hub_is_detected_once_and_fast(monkeypatch, tmp_path, capfd, network):
     offline_env(monkeypatch, tmp_path, network)
-    tasks_module._probe.cache_clear()
+    hub._probe.cache_clear()
     config = eval_config("checkpoint=somewhere", "eval.data_dir=null", "eval.tasks=[rte,cola,sst2]",
                          "eval.skip_missing=true")
     started = time.perf_counter()

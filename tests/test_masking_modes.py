@@ -1,5 +1,6 @@
-"""train.masking: whole words (the tokenizer's word starts) and SpanBERT's spans mask exactly as many positions per
-row as single tokens do, draw their masks from the positional generator (exact resume), and train."""
+"""train.masking: whole words (the tokenizer's word starts) mask exactly as many positions per row as single tokens
+do; SpanBERT's spans mask its ceil(n p) and replace each span as one (all [MASK], all random or all kept); all
+draw their masks from the positional generator (exact resume), and train."""
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from cramming import pretraining
 from cramming.data.tokenizer import train_tokenizer, word_starts
 from cramming.errors import UserError
-from cramming.train.masking import MaskContext, PositionalMasks, mask_tokens, span_lengths, word_ids
+from cramming.train.masking import MaskContext, PositionalMasks, mask_count, mask_tokens, span_lengths, word_ids
 
 SPECIAL = torch.tensor([0, 2, 3, 4])
 VOCAB = 1000
@@ -126,17 +127,69 @@ def test_span_lengths_are_truncated_geometric():
     assert (lengths == 1).float().mean().item() == pytest.approx(0.2 / (1 - q ** top), abs=0.01)
 
 
-def test_span_masks_runs_of_the_same_count():
-    """Span masking: the same count per row, no special token, and masked runs as long as SpanBERT's spans
-    (a little longer where spans touch), where single tokens give runs near 1."""
+def test_span_masks_runs_of_spanberts_length():
+    """Span masking: SpanBERT's count in every row (ceil(51.2) = 52), no special token, and masked runs as long
+    as SpanBERT's spans (a little longer where spans touch), where single tokens give runs near 1."""
     ids = batch(rows=256, seq=512)
     span = masked(ids, "span", prob=0.1, ctx=context(span_p=0.2, span_max_length=10))
-    assert (span.sum(1) == 51).all() and not span[:, 0].any() and not span[:, 50].any()
+    assert (span.sum(1) == 52).all() and not span[:, 0].any() and not span[:, 50].any()
     span_runs, token_runs = runs(span), runs(masked(ids, "token", prob=0.1))
     assert 3.5 < sum(span_runs) / len(span_runs) < 4.6 and max(span_runs) > 10 - 1
     assert sum(token_runs) / len(token_runs) < 1.2
     short = masked(ids, "span", prob=0.1, ctx=context(span_p=1.0, span_max_length=10))
     assert sum(runs(short)) / len(runs(short)) < 1.2  # p = 1: every span is one token
+
+
+def test_span_count_is_spanberts_ceiling():
+    """SpanBERT masks ceil(n p) tokens (20 at 128 x 0.15); BERT and Cramming round (19), kept for the token and
+    whole-word modes. A product whole in decimal is not pushed up by float error (0.07 x 100 = 7.000000000000001)."""
+    assert mask_count(0.15, 128, "span") == 20
+    assert mask_count(0.15, 128, "token") == mask_count(0.15, 128, "whole-word") == 19
+    assert mask_count(0.07, 100, "span") == 7 and mask_count(0.001, 128, "span") == 1
+    ids = batch(rows=64, seq=128)
+    for masking, want in (("span", 20), ("token", 19), ("whole-word", 19)):
+        assert (masked(ids, masking, prob=0.15).sum(1) == want).all(), masking
+
+
+def treatments(masking: str, share: float = 0.8, rows: int = 2048, seq: int = 128) -> torch.Tensor:
+    """(runs, 3): how many tokens of each maximal run of masked positions (SpanBERT's merged spans) show [MASK],
+    a random token and their own token, at mask_prob 0.15. Random tokens are drawn below 4 (vocab_size=4), so
+    none equals [MASK] (4) or an original (>= 5): every token's treatment reads exactly."""
+    ids = batch(rows, seq)
+    inputs, labels = mask_tokens(ids, 0.15, 4, 4, SPECIAL, share, torch.Generator().manual_seed(5), masking,
+                                 context())
+    kind = torch.where(inputs == 4, 0, torch.where(inputs == ids, 2, 1))
+    gap = torch.zeros(rows, 1, dtype=torch.long)  # a column of unmasked ends every row's last run
+    chosen = torch.cat([labels != -100, gap.bool()], 1).flatten()
+    start = chosen & ~torch.cat([torch.zeros(1, dtype=torch.bool), chosen[:-1]])
+    run = (start.long().cumsum(0) - 1)[chosen]
+    kind = torch.cat([kind, gap], 1).flatten()[chosen]
+    return torch.zeros(int(start.sum()), 3, dtype=torch.long).index_put_((run, kind), torch.ones_like(run), True)
+
+
+@pytest.mark.parametrize("masking", ["span", "whole-word", "token"])
+def test_a_span_is_all_mask_all_random_or_all_kept(masking):
+    """SpanBERT's --replacement-method span: one 80/10/10 draw per span, so no span mixes treatments. Whole words
+    and single tokens keep BERT's draw per token: a run of L tokens mixes with probability 1 - 0.8^L - 2 x 0.1^L."""
+    counts = treatments(masking)
+    length, mixed = counts.sum(1), (counts > 0).sum(1) > 1
+    several = length > 1
+    assert several.sum() > 3000  # enough multi-token runs to see mixing
+    if masking == "span":
+        assert mixed.sum().item() == 0
+    else:
+        expected = (1 - 0.8 ** length - 2 * 0.1 ** length)[several].double().mean().item()
+        assert expected > 0.3 and mixed[several].double().mean().item() == pytest.approx(expected, abs=0.02)
+
+
+@pytest.mark.parametrize("share", [0.8, 0.5, 0.0])
+def test_spans_split_into_mask_random_kept_by_the_share(share):
+    """Counted per span, not per token: train.mask_token_share of the spans are [MASK], the rest split evenly
+    into random and kept (SpanBERT's 0.8 / 0.1 / 0.1 at the default)."""
+    shown = treatments("span", share) > 0
+    assert (shown.sum(1) == 1).all() and len(shown) > 8000
+    rest = (1 - share) / 2
+    assert shown.double().mean(0).tolist() == pytest.approx([share, rest, rest], abs=0.015)
 
 
 @pytest.mark.parametrize("masking", ["whole-word", "span"])
@@ -182,9 +235,10 @@ def test_a_short_run_trains_with_each_masking(extra, tmp_path):
         assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_whole_word_run_resumes_bitwise(sigterm_at, tmp_path):  # noqa: F811  the fixture imported above
+@pytest.mark.parametrize("masking", ["whole-word", "span"])
+def test_a_masked_run_resumes_bitwise(masking, sigterm_at, tmp_path):  # noqa: F811  the fixture imported above
     """Stopped by SIGTERM in step 1 of 4 (its first of two microbatches) and resumed: the same weights bit for bit,
-    as the token mode's."""
-    whole_and_resumed([*RUN, "train.masking=whole-word"], sigterm_at, tmp_path, stop_at=1)
+    as the token mode's (span's per-span draws included: they come from the same positional generator)."""
+    whole_and_resumed([*RUN, f"train.masking={masking}"], sigterm_at, tmp_path, stop_at=1)
     want, got = final_weights(tmp_path / "whole"), final_weights(tmp_path / "stopped")
     assert all(torch.equal(got[k], want[k]) for k in want)

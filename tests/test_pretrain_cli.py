@@ -66,10 +66,26 @@ def test_multirun_two_jobs(tmp_path, cache_dir):
     assert result.stdout.count("checkpoint: ") == 2
 
 
-def test_dryrun_touches_no_data(tmp_path):
-    result = run_pretrain("dryrun=true", "data=local-text", "data.path=/nonexistent/but/not/read", run_dir=tmp_path)
+def test_dryrun_touches_no_data_and_leaves_no_folder(tmp_path):
+    result = run_pretrain("dryrun=true", "data=local-text", "data.path=/nonexistent/but/not/read",
+                          run_dir=tmp_path / "dry")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "dryrun: config valid" in result.stdout
+    assert not (tmp_path / "dry").exists()  # a dry run made nothing to keep
+
+
+def test_a_refused_run_leaves_no_folder_and_a_real_one_keeps_its_own(tmp_path):
+    from test_eval_cli import run_eval
+
+    one_line_error(run_pretrain(*CPU_TINY, "train.lr=-1", run_dir=tmp_path / "pre"), "train.lr")
+    one_line_error(run_pretrain(*CPU_TINY, f"train.resume={tmp_path}/nowhere", run_dir=tmp_path / "res"),
+                   "no such folder")
+    one_line_error(run_eval(f"checkpoint={tmp_path}/nowhere", tmp_path=tmp_path), "no such folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither run folder, nor eval's
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder with anything else in it is never removed
+    one_line_error(run_pretrain(*CPU_TINY, "train.lr=-1", run_dir=tmp_path / "kept"), "train.lr")
+    assert (tmp_path / "kept" / "notes.txt").is_file() and (tmp_path / "kept" / "pretrain.log").is_file()
 
 
 def test_error_missing_path(tmp_path):

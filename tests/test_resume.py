@@ -152,8 +152,10 @@ def test_keep_checkpoints_and_resume_choices(tmp_path):
     assert find_resume("auto", tmp_path / "run", config_for(*TINY, "name=another")) is None
     path = tmp_path / "run" / "checkpoints" / "step-00000002"
     assert find_resume(str(path), tmp_path / "relaunch", config) == path
-    with pytest.raises(Exception, match="not a complete checkpoint"):
+    with pytest.raises(UserError, match=r"train.resume=\S+nowhere: no such folder"):
         find_resume(str(tmp_path / "nowhere"), tmp_path / "relaunch", config)
+    with pytest.raises(UserError, match="not a complete checkpoint"):
+        find_resume(str(tmp_path / "relaunch"), tmp_path / "relaunch", config)
 
 
 @pytest.fixture

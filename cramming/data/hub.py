@@ -1,9 +1,9 @@
 """Stream text datasets from the Hugging Face hub (for users with internet)."""
 
-import os
 from collections.abc import Iterator
 
 from ..errors import UserError
+from ..hub import offline_reason
 
 
 def _offline_error(path: str, reason: str) -> UserError:
@@ -16,8 +16,8 @@ def _offline_error(path: str, reason: str) -> UserError:
 def iter_documents(sources) -> Iterator[str]:
     """Documents of each configured dataset in turn, streamed (nothing is downloaded whole)."""
     for source in sources:
-        if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1":
-            raise _offline_error(source.path, "HF_HUB_OFFLINE is set")
+        if reason := offline_reason():  # decided in 3 s at most, not after half a minute of the client's retries
+            raise _offline_error(source.path, reason)
         from datasets import load_dataset
 
         try:

@@ -11,6 +11,7 @@ from .tasks import GLUE_SET, GLUE_TASKS, load_task
 
 BENCHMARKS = Registry("benchmark", traits={  # eval.kind
     "skippable": "eval.skip_missing applies: a task whose data is missing is skipped, not an error",
+    "published": "its tasks have published scores that a complete run's can stand beside (the model card says so)",
 })
 
 
@@ -33,6 +34,7 @@ class Glue:
     average_set = GLUE_SET  # left out of eval.tasks: not comparable
     columns = COLUMNS
     skippable = True  # eval.skip_missing applies
+    published = True
 
     def validate(self, e) -> None:
         _check_task_list(e, self.task_table, self.title)
@@ -82,6 +84,8 @@ class SuperGlue(Glue):
 class Custom(Glue):
     """The user's own task (custom.py); no benchmark average, and its errors are never skipped."""
 
+    title = "your own task"
+    published = False
     average_set = ()
     task_table = None  # one task, from eval.train_file and eval.dev_file
     skippable = False

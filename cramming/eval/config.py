@@ -57,6 +57,7 @@ class EvalConfig:
     max_train_examples: int | None = None  # smoke runs only: results are marked "not comparable"
     include_wnli: bool = False  # count WNLI in the GLUE average
     skip_missing: bool = False  # skip (and report) tasks whose data cannot be loaded instead of stopping
+    trust_remote_code: bool = False  # run model code that came with the checkpoint and is not this cramming's own
     results_table: str = "outputs/eval/results.csv"  # a CSV that gets one row per evaluated model
     recipe: Recipe = field(default_factory=Recipe)
     per_task: dict[str, dict] = field(default_factory=dict)  # recipe keys per task, e.g. {rte: {epochs: 10}}

@@ -124,6 +124,7 @@ class LmEval(ZeroShot):
     """eval.tasks are lm-eval task names (its own, or YAMLs in eval.lm_eval.include_path)."""
 
     title = "lm-evaluation-harness"
+    published = True
     summary_key = "lm_eval"
 
     def validate(self, e) -> None:

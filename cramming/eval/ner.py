@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..hub import offline_flag, offline_reason
 from . import tokens  # noqa: F401  registers the "tokens" head (finetune.HEADS)
 from .benchmarks import BENCHMARKS, Custom, _check_task_list
 from .ner_metrics import entity_scores, valid_tag
-from .tasks import HubUnreachable, TaskData, offline_flag, offline_reason
+from .tasks import HubUnreachable, TaskData
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class Ner(Custom):
     """Named-entity recognition (docs/ner.md): a tag per word, entity-level F1; no average, errors never skipped."""
 
     title = "NER"
+    published = True  # CoNLL-2003 from the hub; a folder of your own is named on the card as what it is
     task_table = NER_TASKS
     average_set = tuple(NER_TASKS)  # no average; listed so that eval.per_task names only tasks of eval.tasks
     summary_key = "ner"

@@ -18,10 +18,11 @@ from transformers import AutoConfig, AutoTokenizer
 
 from .. import impl as impl_
 from ..atomic import write_atomic
-from ..card import add_evaluation
+from ..card import add_evaluation, without_paths
 from ..errors import UserError
-from ..hub import model_folder
+from ..hub import model_folder, refuse_foreign_code
 from ..train.checkpoint import SUMMARY, is_complete
+from ..train.resume import MARKER as RESUME_MARKER
 from . import multiple_choice, span  # noqa: F401  register the SuperGLUE heads (finetune.HEADS)
 from .benchmarks import BENCHMARKS
 from .config import EvalRunConfig, recipe_for
@@ -38,19 +39,26 @@ SUBSET_SEED = 0
 def find_checkpoint(config: EvalRunConfig) -> Path:
     """checkpoint=<folder or hub id> (a hub model is downloaded, or found in the hub cache offline), or the newest
     complete checkpoint of run `name` (by finish time)."""
+    allowed = config.eval.trust_remote_code
     if config.checkpoint:
-        return model_folder("checkpoint", config.checkpoint)
+        return model_folder("checkpoint", config.checkpoint, allowed, "eval.trust_remote_code")
     runs = Path(config.runs_dir).expanduser()
     candidates = [p for p in list(runs.glob(f"{config.name}/*/checkpoint")) + list(runs.glob(f"{config.name}/*/*/checkpoint"))
                   if is_complete(p)]
     if not candidates:
         raise UserError(f"name={config.name!r}: no complete checkpoint under {runs}/{config.name}/ "
                         "(a run still training or stopped early has none); pass checkpoint=<folder>")
-    return max(candidates, key=lambda p: json.loads((p / SUMMARY).read_text()).get("finished_at", "")).resolve()
+    newest = max(candidates, key=lambda p: json.loads((p / SUMMARY).read_text()).get("finished_at", "")).resolve()
+    if not allowed:
+        refuse_foreign_code("name", config.name, newest, "eval.trust_remote_code")
+    return newest
 
 
 def check_checkpoint(path: Path):
     """A usable checkpoint has weights, a config and a tokenizer that fits the model's embedding table."""
+    if (path / RESUME_MARKER).is_file() and (path / "state.pt").is_file():
+        raise UserError(f"checkpoint {path} is a step folder (a resume point of a run), not a model folder; make "
+                        f"it one with `python -m cramming.export {path}` and evaluate the folder that prints")
     if not (path / "config.json").is_file():
         raise UserError(f"checkpoint {path} has no config.json: not a model folder")
     if not any((path / f).is_file() for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")):
@@ -222,6 +230,17 @@ def run_models(config, checkpoint, tokenizer, tasks, runtime, run_dir: Path) -> 
     return results, table_rows, predictions
 
 
+def card_entry(config, results: dict, scores: dict) -> dict:
+    """What the model card says of this evaluation: the benchmark and its kind, each task's data by what it is (a
+    hub id, or a folder's or file's name), its metric, the seeds, and whether published scores compare."""
+    benchmark, tasks = BENCHMARKS[config.eval.kind], results["models"]["pretrained"]["tasks"]
+    return {"benchmark": benchmark.title, "kind": config.eval.kind, "seeds": config.eval.seeds,
+            "data": {name: without_paths(record["source"]) for name, record in tasks.items()},
+            "metrics": {name: record["main_metric"] for name, record in tasks.items()},
+            "comparable": results["comparable"] and BENCHMARKS.trait(benchmark, "published"),
+            "scores": scores, "finished_at": results["finished_at"]}
+
+
 def write_results(config, checkpoint, results: dict, table_rows: dict, predictions: dict, run_dir: Path) -> Path:
     """The prediction files, then results.json (only ever a complete one), the CSV rows, the table and the
     model card's scores; returns results.json's path."""
@@ -241,9 +260,7 @@ def write_results(config, checkpoint, results: dict, table_rows: dict, predictio
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in results["skipped"].items():
         print(f"(skipped {name}: {reason})")
-    if add_evaluation(checkpoint, {"benchmark": benchmark.title, "seeds": config.eval.seeds,
-                                   "comparable": results["comparable"], "scores": table_rows["pretrained"],
-                                   "finished_at": results["finished_at"]}):
+    if add_evaluation(checkpoint, card_entry(config, results, table_rows["pretrained"])):
         print(f"model card: {checkpoint / 'README.md'} (with these scores)", flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()

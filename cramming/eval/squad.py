@@ -121,6 +121,7 @@ class Squad:
     """SQuAD v1.1 and v2.0 dev sets: each its own column (F1; exact match in results.json), no average."""
 
     title = "SQuAD"
+    published = True
     task_table = SQUAD_TASKS
     summary_key = "squad"
     average_set = ()

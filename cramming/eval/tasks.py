@@ -5,17 +5,15 @@ off (sentences hold literal `"`), so every line is split on tabs and nothing els
 Without a local folder the same tasks come from the hub dataset `nyu-mll/glue`.
 """
 
-import functools
 import logging
 import math
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from ..errors import UserError
+from ..hub import offline_flag, offline_reason
 from ..registry import Registry
 
 log = logging.getLogger(__name__)
@@ -218,35 +216,6 @@ class HubUnreachable(UserError):
     def __init__(self, task: str, reason: str):
         self.reason = reason  # without the task's name, so a run with many tasks can say it once
         super().__init__(f"{task}: {reason}")
-
-
-TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
-OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-PROBE_SECONDS = 3.0
-
-
-def offline_flag() -> str | None:
-    """The first of the Hugging Face offline variables that is set true, or None."""
-    return next((v for v in OFFLINE_VARIABLES if os.environ.get(v, "").upper() in TRUE_VALUES), None)
-
-
-def offline_reason() -> str | None:
-    """Why the hub cannot be asked, or None. Decided before the first request: offline, the hub client retries each
-    request for about 40 s (and logs every retry twice) before it gives up."""
-    flag = offline_flag()
-    return f"{flag}=1 is set" if flag else _probe(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-
-
-@functools.cache
-def _probe(endpoint: str) -> str | None:
-    """One connection attempt per run, a few seconds at most: why the endpoint cannot be reached, or None."""
-    url = urlsplit(endpoint)
-    host, port = url.hostname or endpoint, url.port or (80 if url.scheme == "http" else 443)
-    try:
-        socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
-    except OSError as err:
-        return f"cannot connect to {host}:{port} ({err.strerror or type(err).__name__})"
-    return None
 
 
 def hub_cache_folder(spec: TaskSpec) -> Path | None:

@@ -15,14 +15,13 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 from ..errors import UserError
 from ..hub import model_folder
-from ..registry import invalid
 from ..model.renamed import current_key
+from ..registry import invalid
 from .from_bert import bert_layout, bert_weights
 from .resume import MARKER
+from .state import load_saved
 
 KEY = "train.init_from"
 # Arch options our own checkpoints must share with the run beyond their tensors' shapes.
@@ -41,9 +40,11 @@ class Source:
     tokenizer: object  # the source's tokenizer (the run reads its text with it)
 
 
-def open_source(value: str) -> Source:
-    """The folder or hub id of train.init_from, read: weights in our names, layout, tokenizer."""
-    folder = model_folder(KEY, value)
+def open_source(value: str, allow_code: bool = False) -> Source:
+    """The folder or hub id of train.init_from, read: weights in our names, layout, tokenizer. A folder whose model
+    code is not ours is refused unless `allow_code` (train.trust_remote_code): its weights may not mean what our
+    model reads them as, and any other tool that loads it would run that code. Its code is never run here."""
+    folder = model_folder(KEY, value, allow_code, "train.trust_remote_code")
     if (folder / MARKER).is_file() and (folder / "state.pt").is_file():
         return _step(folder, value)
     if not (folder / "config.json").is_file():
@@ -76,7 +77,7 @@ def _checkpoint(folder: Path, value: str) -> Source:
 def _step(folder: Path, value: str) -> Source:
     from transformers import PreTrainedTokenizerFast
 
-    saved = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    saved = load_saved(folder / "state.pt")
     if "model" not in saved:
         raise UserError(invalid(KEY, value, "holds its weights in an engine's shards (FSDP2, DeepSpeed); use the "
                                 "run's checkpoint/ folder, or resume it with train.resume"))

@@ -2,7 +2,8 @@
 
 A fixed count keeps every tensor shape static (the sparse prediction head sees exactly
 batch * count rows each step), which is what lets torch.compile and CUDA graphs specialise once.
-Which positions make up the count is `train.masking` (MASKINGS): single tokens, whole words, or SpanBERT's spans.
+Which positions make up the count is `train.masking` (MASKINGS): single tokens, whole words, or SpanBERT's spans;
+spans also take SpanBERT's count (ceil, not BERT's round) and its one 80/10/10 draw per span (trait per_span).
 """
 
 import math
@@ -14,6 +15,8 @@ from ..registry import Registry, invalid
 
 MASKINGS = Registry("masking", traits={
     "reads_words": "it reads the tokenizer's word starts (MaskContext.starts_word)",
+    "per_span": "SpanBERT's counting and replacement: ceil(mask_prob x seq_len) positions, and one 80/10/10 draw "
+                "per run of consecutive masked positions (so a span is all [MASK], all random or all kept)",
 })
 
 
@@ -88,12 +91,14 @@ def span_lengths(shape, p: float, max_length: int, generator, device) -> torch.T
     return lengths.clamp_(1, max_length)
 
 
-@MASKINGS.register("span", problem=masking_problem)
+@MASKINGS.register("span", problem=masking_problem, per_span=True)
 def span_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
-    """SpanBERT's: `count` spans per row (never fewer than needed) with geometric lengths and uniform starts,
-    taken in order until `count` tokens are masked; a token covered twice counts once, the last span taken is
-    cut where the count is reached, special tokens inside a span are skipped, and should the spans cover fewer
-    than `count` ordinary tokens, random single tokens make up the rest."""
+    """SpanBERT's: spans with geometric lengths and uniform starts, taken in order until `count` =
+    ceil(mask_prob x seq_len) tokens are masked, and each run of masked tokens is then all [MASK], all random or
+    all kept (one 80/10/10 draw per span, SpanBERT's `--replacement-method span`). `count` spans are drawn per
+    row (never fewer than needed); a token covered twice counts once, the last span taken is cut where the count
+    is reached, special tokens inside a span are skipped, and should the spans cover fewer than `count`
+    ordinary tokens, random single tokens make up the rest."""
     batch, seq_len = input_ids.shape
     device, longest = input_ids.device, ctx.span_max_length
     lengths = span_lengths((batch, count), ctx.span_p, longest, generator, device)
@@ -112,6 +117,25 @@ def span_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.
     return key.topk(count, dim=1, largest=False).indices
 
 
+def mask_count(mask_prob: float, seq_len: int, masking: str) -> int:
+    """Masked positions per row. BERT (create_pretraining_data.py) and Cramming round; SpanBERT (masking.py,
+    every scheme) takes the ceiling, so a span mode masks ceil(0.15 x 128) = 20 where BERT masks 19. The
+    product is rounded to 9 decimals first: 0.07 x 100 is 7.000000000000001 in floats, and is 7."""
+    exact = mask_prob * seq_len
+    return max(1, math.ceil(round(exact, 9)) if MASKINGS.trait(masking, "per_span") else round(exact))
+
+
+def span_index(positions: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """For each chosen position (batch, count), the index of its run of consecutive chosen positions in the row:
+    SpanBERT merges overlapping and touching spans (merge_intervals) and draws the treatment once per merged
+    span. A row has at most `count` runs, so the index picks from `count` draws."""
+    chosen = torch.zeros(positions.shape[0], seq_len, dtype=torch.bool, device=positions.device)
+    chosen.scatter_(1, positions, True)
+    starts = chosen.clone()
+    starts[:, 1:] &= ~chosen[:, :-1]
+    return (starts.long().cumsum(1) - 1).gather(1, positions)
+
+
 def mask_tokens(
     input_ids: torch.Tensor,
     mask_prob: float,
@@ -123,11 +147,13 @@ def mask_tokens(
     masking: str = "token",
     context: MaskContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (inputs, labels): `round(mask_prob * seq_len)` positions per row get labels, chosen by `masking`;
-    of those, `mask_token_share` become [MASK], the rest split evenly into a random token and the unchanged token.
-    Special tokens ([CLS], [SEP], [PAD]) are never chosen while enough ordinary tokens remain."""
+    """Return (inputs, labels): `mask_count` positions per row get labels, chosen by `masking`; of those,
+    `mask_token_share` become [MASK], the rest split evenly into a random token and the unchanged token, drawn
+    per token (BERT's, also for whole words) or, for a per_span mode, once per span (SpanBERT's; the random
+    tokens are still one per position). Special tokens ([CLS], [SEP], [PAD]) are never chosen while enough
+    ordinary tokens remain. The draws are the same tensors in every mode (exact resume by position)."""
     batch, seq_len = input_ids.shape
-    count = max(1, round(mask_prob * seq_len))
+    count = mask_count(mask_prob, seq_len, masking)
     device = input_ids.device
     context = context if context is not None else MaskContext(special_ids)
     positions = MASKINGS.get_or_explain(masking)(input_ids, count, context, generator)
@@ -137,6 +163,8 @@ def mask_tokens(
 
     inputs = input_ids.clone()
     choice = torch.rand(batch, count, generator=generator, device=device)
+    if MASKINGS.trait(masking, "per_span"):
+        choice = choice.gather(1, span_index(positions, seq_len))  # every token of a span reads its span's draw
     replace_with_mask = choice < mask_token_share
     replace_with_random = (choice >= mask_token_share) & (choice < mask_token_share + (1 - mask_token_share) / 2)
     random_tokens = torch.randint(vocab_size, (batch, count), generator=generator, device=device)

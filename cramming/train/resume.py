@@ -20,7 +20,7 @@ import torch
 from ..engines import ENGINES, Engine
 from ..errors import UserError
 from ..renames import moved
-from .state import TrainState, capture_rng, restore_rng
+from .state import TrainState, capture_rng, load_saved, refuse_unsafe, restore_rng
 
 MARKER = "COMPLETE"
 FINAL_SUMMARY = Path("checkpoint") / "train_summary.json"
@@ -113,7 +113,7 @@ def load_checkpoint(path: Path, model, optimizer, scaler, engine: Engine | None 
     saved = load_weights(path, model, optimizer, scaler, engine, averaging)
     rng = Path(path) / f"rng-{engine.rank}.pt"
     if rng.is_file():
-        restore_rng(torch.load(rng, weights_only=False))
+        restore_rng(load_saved(rng))
     else:  # resumed on more processes than wrote the checkpoint: the data and masks still continue exactly
         print(f"{path} has no random state for rank {engine.rank}; dropout draws start afresh", flush=True)
     return TrainState(**saved["state"])
@@ -139,7 +139,7 @@ def load_weights(path: Path, model, optimizer, scaler, engine: Engine | None = N
     """Model, optimizer, scaler and the weight average (a rollback needs no more: the clock, data and RNG keep
     moving forward)."""
     engine = engine or Engine()
-    saved = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)  # our own file
+    saved = load_saved(Path(path) / "state.pt")
     check_written_alike(path, engine)
     engine.load_state(model, optimizer, path, saved)
     scaler.load_state_dict(saved["scaler"])
@@ -163,6 +163,21 @@ def config_differences(saved: dict, current: dict, prefix=()) -> list[str]:
     return diffs
 
 
+def resume_folder(value: str) -> Path:
+    """train.resume=<folder>, checked before any work: it exists, it is whole, and its files load as tensors and
+    plain data (state.refuse_unsafe)."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(f"train.resume={value}: no such folder; give one of a run's checkpoints/step-<n> folders, "
+                        "or auto / never")
+    if not (path / MARKER).is_file() or not (path / "state.pt").is_file():
+        raise UserError(f"train.resume={value} is not a complete checkpoint folder (no {MARKER} marker or no "
+                        "state.pt); give a checkpoints/step-<n> folder, or auto / never")
+    for saved in [path / "state.pt", *sorted(path.glob("rng-*.pt"))]:
+        refuse_unsafe(saved)
+    return path
+
+
 def find_resume(resume: str, run_dir: Path, config) -> Path | None:
     """train.resume: `never`; a checkpoint folder; or `auto`: the newest whole checkpoint of this run directory or
     of an unfinished sibling run of the same name (Hydra gives every launch a new folder) with the same config.
@@ -172,11 +187,7 @@ def find_resume(resume: str, run_dir: Path, config) -> Path | None:
     if resume == "never":
         return None
     if resume != "auto":
-        path = Path(resume).expanduser()
-        if not (path / MARKER).is_file():
-            raise UserError(f"train.resume={resume} is not a complete checkpoint folder (no {MARKER} marker); "
-                            "give a checkpoints/step-<n> folder, or auto / never")
-        return path
+        return resume_folder(resume)
     run_dir = Path(run_dir).resolve()
     runs = [run_dir] + sorted((p for p in run_dir.parent.iterdir() if p.is_dir() and p != run_dir),
                               key=lambda p: p.stat().st_mtime, reverse=True)
