@@ -2,7 +2,8 @@
 package: `python -m cramming.export <run>/checkpoints/step-<n> [<out>]` writes what a run's `checkpoint/` holds
 (the weights, config.json with its auto_map, the model code, the tokenizer and a model card) to `<out>`, by
 default `<run>/exported/step-<n>/`. Step folders are resume points: their config.json is the run's config, read by
-train.resume, so they stay as they are and the export is a folder of its own."""
+train.resume, so they stay as they are and the export is a folder of its own.
+`python -m cramming.export --onnx <model or step folder> [<out.onnx>]` writes an ONNX graph instead (export_onnx.py)."""
 
 import argparse
 import sys
@@ -56,13 +57,38 @@ def export_step(step: Path, out: Path | None = None) -> Path:
     return save_checkpoint(model, tokenizer, summary, out.parent, out.name)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """Bad arguments are one line and exit code 2, not argparse's usage block."""
+        raise UserError(f"{message} (python -m cramming.export --help)")
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cramming.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", type=Path, help="a run's checkpoints/step-<n> folder")
-    parser.add_argument("out", type=Path, nargs="?", help="the model folder to write (default <run>/exported/step-<n>)")
+    parser = Parser(prog="python -m cramming.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="a run's checkpoints/step-<n> folder (or, with --onnx, a model "
+                        "folder: a run's checkpoint/ or an exported step)")
+    parser.add_argument("out", type=Path, nargs="?", help="what to write: the model folder (default "
+                        "<run>/exported/step-<n>), or with --onnx the .onnx file (default <model folder>/model.onnx)")
+    parser.add_argument("--onnx", action="store_true", help="write an ONNX graph (torch.onnx's dynamo exporter, "
+                        "dynamic batch and sequence, the attention mask an input), checked with onnxruntime")
+    parser.add_argument("--trust-remote-code", action="store_true", help="--onnx: a folder whose model code is not "
+                        "this cramming's own is exported with that code (it runs)")
     args = parser.parse_args(argv)
-    print(f"exported: {export_step(args.step, args.out)}")
+    if not args.onnx:
+        print(f"exported: {export_step(args.folder, args.out)}")
+        return
+    from .export_onnx import TOLERANCE, export_onnx
+
+    folder = args.folder
+    if (folder / MARKER).is_file():  # a step folder: its model folder first
+        folder = export_step(folder)
+        print(f"exported: {folder}")
+    path, difference = export_onnx(folder, args.out, args.trust_remote_code)
+    print("checked: onnxruntime not installed (pip install onnxruntime)" if difference is None else
+          f"checked: onnxruntime's logits within {difference:.1e} of PyTorch's (at most {TOLERANCE:g}) on a padded "
+          "batch of other shapes")
+    print(f"onnx: {path}")
 
 
 if __name__ == "__main__":

@@ -204,7 +204,8 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     measure = functools.partial(heldout_metrics, engine.unwrap(model), objective, folder, meta, config.train,
                                 microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
     eval_start = time.time()
-    measure_untrained(config, state, measure, lambda: checkpointer.save(model, optimizer, scaler, state), say)
+    start = measure_untrained(config, state, measure, lambda: checkpointer.save(model, optimizer, scaler, state), say,
+                              resumed=resumed_from is not None)
     eval_seconds = time.time() - eval_start
 
     log = MetricsLog.for_run(run_dir, config) if engine.main else SilentLog()
@@ -217,7 +218,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
                       microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
                       autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])
-    result, final, validating = fit(trainer, state, measure, log, validation, say)
+    result, final, validating = fit(trainer, state, measure, log, validation, say, start)
     rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
     started = time.time()
     averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
@@ -246,14 +247,34 @@ def new_model(config: PretrainConfig, meta: dict, runtime, engine, source, say):
     return model, parameters, flops
 
 
-def measure_untrained(config: PretrainConfig, state, measure, checkpoint, say) -> None:
+def measure_untrained(config: PretrainConfig, state, measure, checkpoint, say, resumed: bool = False) -> str:
     """The held-out loss before the first step (a resumed run has it already); a non-finite policy that restores
-    the last checkpoint gets one of the untrained weights."""
-    if not state.untrained:
+    the last checkpoint gets one of the starting weights. Prints it, named by start_names; returns the short name
+    for the final line."""
+    carried = bool(state.untrained)  # a resumed run's, measured by its first launch
+    if not carried:
         state.untrained = measure()
         if NONFINITE.trait(config.train.nonfinite, "checkpoint_first"):
             checkpoint()
-    say(f"untrained validation loss {state.untrained['val_loss']:.4f}", flush=True)
+    line, short = start_names(config, resumed, carried)
+    say(line.format(loss=f"{state.untrained['val_loss']:.4f}"), flush=True)
+    return short
+
+
+def start_names(config: PretrainConfig, resumed: bool, carried: bool) -> tuple[str, str]:
+    """What the loss before the first step is, as its own line and as the final line's short name: "untrained"
+    only for a fresh run; with train.init_from, the loaded weights' loss; a resumed run carries over the value its
+    first launch measured before step 1 (train_summary.json keeps it as untrained_val_loss in every case)."""
+    if resumed and not carried:  # a checkpoint that kept no such value: measured on the resumed weights
+        return "validation loss of the resumed weights {loss} (the checkpoint kept none from before step 1)", \
+            "resumed weights"
+    if config.train.init_from:
+        again = " (measured before the run's first step, carried over by the resume)" if resumed else ""
+        return f"validation loss of the init_from weights {{loss}}{again}", "init_from weights"
+    if resumed:
+        return ("validation loss before the run's first step {loss} (measured then, carried over by the resume)",
+                "before the first step")
+    return "untrained validation loss {loss}", "untrained"
 
 
 def save_all(model, averaging, averaged, tokenizer, summary: dict, run_dir: Path, runtime, engine, rebuild) -> None:
@@ -280,8 +301,9 @@ def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective
             "checkpoint": str(path)}
 
 
-def fit(trainer, state, measure, log, validation, say) -> tuple[dict, dict, float]:
-    """The budget loop, then the final validation: its result, the final metrics and the seconds validating."""
+def fit(trainer, state, measure, log, validation, say, start: str = "untrained") -> tuple[dict, dict, float]:
+    """The budget loop, then the final validation: its result, the final metrics and the seconds validating.
+    start: what the loss before the first step is (start_names)."""
     try:
         result = {**trainer.fit(state), "microbatch": trainer.microbatch}
         started = time.time()
@@ -292,7 +314,7 @@ def fit(trainer, state, measure, log, validation, say) -> tuple[dict, dict, floa
         log.close()
     if trainer.ended:
         say(f"target reached: {trainer.ended}", flush=True)
-    say(f"validation loss {final['val_loss']:.4f} (untrained {state.untrained['val_loss']:.4f}), "
+    say(f"validation loss {final['val_loss']:.4f} ({start} {state.untrained['val_loss']:.4f}), "
         f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
     return result, final, seconds
 

@@ -1,17 +1,20 @@
-"""Every check that needs a CUDA GPU, in one call on a machine that reaches no package registry (the H200 test
-machine), in the order of what each is worth: install the carried wheels, a pre-flight of the imports, then the
+"""Every check that needs a CUDA GPU in one command, also on a GPU machine that reaches no package registry.
+
+In the order of what each is worth: install the wheels copied along in .whl/, a pre-flight of the imports, then the
 product itself as a user types it (PRODUCT: `pretrain.py impl=gpu` with the default crammed BERT at full size on
-the embedded corpus for 90 s of training, `eval.py` on RTE from the carried GLUE folder, and the same pretraining
+the embedded corpus for 90 s of training, `eval.py` on RTE from the GLUE folder (.glue/), and the same pretraining
 with impl.attention=sdpa beside it), the kernel figures, the benchmark's GPU section (its end-to-end MFU, the
 fused / plain loss ratio and the fp8 / bf16 throughput ratio), 1-GPU NCCL smoke runs of FSDP2 and DeepSpeed
 (ZeRO-1, ZeRO-2) on a tiny model with compile off, and compiled smoke runs of token dropping under CUDA graphs and
 of ELECTRA (FEATURES). Each step has a time limit; the whole run stops in BUDGET_S.
 
-Run through scripts/gpu_checks.sh (docs/benchmarks.md says how and what travels). Only stdlib here, so it runs on
-any python3 before the pre-flight has said what is missing. Work folders (logs, runs, the wheels' --target) lie
-under /tmp; OUT gets at most 8 files, no folder: summary.md (rewritten after every step, so a run cut short says
-so), kernels.json and bench.json (the figures), benchmarks.md (docs/benchmarks.md with the Kernels block
-rewritten) and logs.tar.gz (every log, the kernel and bench tables, the smoke runs' metrics and configs).
+Run through scripts/gpu_checks.sh (docs/benchmarks.md says how, and what to copy to the GPU machine). Only stdlib
+here, so it runs on any python3 before the pre-flight has said what is missing. Work folders (logs, runs, the
+wheels' --target) lie under /tmp. The results folder (--out; by default outputs/gpu_checks/<date>_<time>/ in the
+checkout, git-ignored) gets a few files and no sub-folder, so it is quick to copy back: summary.md (rewritten
+after every step, so a run cut short says so), kernels.json and bench.json (the figures), benchmarks.md
+(docs/benchmarks.md with the Kernels block rewritten) and logs.tar.gz (every log, the kernel and bench tables,
+the smoke runs' metrics and configs).
 Rehearsal (--rehearsal or GPU_CHECKS_REHEARSAL=1): the same steps on CPU at tiny sizes (gloo, the Triton
 interpreter), so the plumbing is tested where no GPU is.
 """
@@ -31,12 +34,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_S = 540  # the whole run, pre-flight included: a device call allows 10 minutes
+BUDGET_S = 540  # the whole run, pre-flight included: under 10 minutes of GPU time
 LIMITS_S = {"product": 330, "product_eval": 90, "product_sdpa": 150, "kernels": 160, "bench_gpu": 240,
             "fsdp2": 60, "deepspeed_zero1": 60, "deepspeed_zero2": 60, "token_dropping_cudagraphs": 90,
             "rtd_compiled": 90}  # the last ones get what the budget leaves
 REHEARSAL_SLOWER = 4  # a shared 2-core CPU runs even the tiny sizes slower than the GPU machine the full ones
-MAX_FILES, MAX_BYTES = 8, 16 * 2**20  # what may come back from the device machine
+MAX_FILES, MAX_BYTES = 8, 16 * 2**20  # the results stay few and small: quick to copy back (layout_problems)
+DEFAULT_OUT = REPO / "outputs" / "gpu_checks"  # --out's default: a new <date>_<time>/ in it (outputs/ is git-ignored)
 # Modules the checks import (pip name where it differs, for the message), then those only some runs need.
 NEEDED = {"torch": "torch", "triton": "triton", "transformers": "transformers", "tokenizers": "tokenizers",
           "safetensors": "safetensors", "numpy": "numpy", "scipy": "scipy", "sklearn": "scikit-learn",
@@ -60,7 +64,7 @@ SIZES = {"gpu": ["arch.num_layers=2", "arch.hidden_size=128", "arch.ffn_size=256
 PRODUCT = {"product": ["budget=0.025"], "product_sdpa": ["budget=0.008", "impl.attention=sdpa"]}
 PRODUCT_REHEARSAL = ["impl=cpu", "train=cpu-smoke", *SMOKE]
 REHEARSAL_BUDGET = "budget=0.002"  # 7 s: a rehearsal's product runs, whatever PRODUCT's budgets
-GLUE_TASK = "RTE"  # the GLUE task eval.py fine-tunes on the product's checkpoint, from --glue (carried)
+GLUE_TASK = "RTE"  # the GLUE task eval.py fine-tunes on the product's checkpoint, from --glue
 EVAL = {"gpu": ["eval.max_train_examples=2000"],
         "rehearsal": ["impl=cpu", "eval.max_train_examples=64", "eval.recipe.epochs=1", "eval.recipe.batch_size=8"]}
 ENGINES = {"fsdp2": ["impl.distributed=fsdp2"], "deepspeed_zero1": ["impl.distributed=deepspeed"],
@@ -77,12 +81,19 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rehearsal", action="store_true", default=os.environ.get("GPU_CHECKS_REHEARSAL") == "1",
                    help="the same steps on CPU at tiny sizes (also GPU_CHECKS_REHEARSAL=1)")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "gpu_out"),
-                   help="the results folder (default $OUT, else gpu_out/)")
-    p.add_argument("--wheels", type=Path, default=REPO / ".whl", help="the carried wheels (scripts/fetch_wheels.py)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the results folder, empty or new (default: outputs/gpu_checks/<date>_<time>/ in the checkout)")
+    p.add_argument("--wheels", type=Path, default=REPO / ".whl",
+                   help="the wheels scripts/fetch_wheels.py made (default .whl/)")
     p.add_argument("--glue", type=Path, default=Path(os.environ.get("GLUE_DIR") or REPO / ".glue"),
-                   help=f"a glue_data/ folder holding {GLUE_TASK}/ (default $GLUE_DIR, else .glue/, carried)")
-    return p.parse_args(argv)
+                   help=f"a glue_data/ folder holding {GLUE_TASK}/ (default $GLUE_DIR, else .glue/)")
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = DEFAULT_OUT / time.strftime("%Y-%m-%d_%H-%M-%S")
+    # relative paths are the caller's: gpu_checks.sh runs this from the checkout's root and passes its caller's folder
+    here = Path(os.environ.get("GPU_CHECKS_CALLER_DIR") or os.getcwd())
+    args.out, args.wheels, args.glue = (here / path for path in (args.out, args.wheels, args.glue))
+    return args
 
 
 class Run:
@@ -154,7 +165,8 @@ def end_tree(child: subprocess.Popen) -> None:
 
 
 def install_wheels(run: Run) -> str | None:
-    """pip install --no-index --no-deps the carried wheels this python can load into a --target; that folder."""
+    """pip install --no-index --no-deps the wheels in --wheels that this python can load into a --target; that
+    folder."""
     wheels = sorted(run.args.wheels.glob("*.whl"))
     if not wheels:
         run.notes.append(f"wheels: none in {run.args.wheels}, nothing installed (scripts/fetch_wheels.py makes them)")
@@ -198,7 +210,7 @@ if not missing:
         missing["a CUDA GPU"] = "torch.cuda.is_available() is false"
 if missing:
     print("error: missing " + "; ".join(f"{NAMES.get(m, m)} ({e})" for m, e in missing.items())
-          + ": carry .whl made by scripts/fetch_wheels.py (docs/benchmarks.md)", file=sys.stderr)
+          + ": copy along the .whl/ that scripts/fetch_wheels.py makes (docs/benchmarks.md)", file=sys.stderr)
     sys.exit(2)
 """
 
@@ -233,7 +245,7 @@ def product(run: Run) -> None:
             continue
         if not (run.args.glue / GLUE_TASK / "train.tsv").is_file():
             run.notes.append(f"product_eval: skipped, no {GLUE_TASK}/train.tsv in --glue {run.args.glue} (copy "
-                             f"../shared/data/glue/{GLUE_TASK} into .glue/ and carry it)")
+                             f"GLUE's {GLUE_TASK}/ folder into .glue/, or give --glue)")
             continue
         results = run.work / "runs" / "product_eval"
         run.step("product_eval", [py, "eval.py", f"checkpoint={folder / 'checkpoint'}", "eval=glue",
@@ -340,7 +352,8 @@ def product_figures(run: Run) -> list[str]:
 
 
 def collect(run: Run) -> None:
-    """Copy the figures to OUT and pack the logs, tables and smoke runs' text files into one tarball."""
+    """Copy the figures to the results folder (--out) and pack the logs, tables and smoke runs' text files into one
+    tarball."""
     out = run.args.out
     for source, name in ((run.work / "kernels" / "kernels.json", "kernels.json"),
                          (run.work / "bench" / "bench.json", "bench.json"), (run.work / "benchmarks.md", "benchmarks.md")):
@@ -357,7 +370,8 @@ def collect(run: Run) -> None:
 
 
 def layout_problems(out: Path) -> list[str]:
-    """What would not come back from the device machine: too many files, too big, or folders too deep."""
+    """What breaks the results folder's promise of a few small files (quick to copy back): too many files, one too
+    big, or folders too deep."""
     files = [p for p in out.rglob("*") if p.is_file()]
     problems = [f"{len(files)} files (at most {MAX_FILES})"] if len(files) > MAX_FILES else []
     problems += [f"{p.relative_to(out)} is {p.stat().st_size} bytes" for p in files if p.stat().st_size > MAX_BYTES]
@@ -370,6 +384,7 @@ def main(argv=None) -> int:
     if stale := [p.name for p in args.out.iterdir()]:
         print(f"error: --out {args.out} holds {', '.join(sorted(stale))}; give an empty or new folder", file=sys.stderr)
         return 2
+    print(f"gpu_checks: results in {args.out} (summary.md there is rewritten after every step)", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_checks.") as tmp:
         run = Run(args, Path(tmp))
         site, path = install_wheels(run), run.env.get("PYTHONPATH")

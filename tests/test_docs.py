@@ -62,3 +62,48 @@ def test_ci_runs_the_readme_test_command():
     assert commands[1] == "bash scripts/test.sh"
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [commands[1]]
+
+
+def paragraphs(text: str) -> list[str]:
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
+
+
+def test_where_the_last_line_is_called_checkpoint_eval_after_is_said_too():
+    """With eval_after=true the evaluation runs after the checkpoint line, so the last line is eval.py's `results:`
+    (tests/test_sweep.py observes it): every page or help text that calls `checkpoint:` the last line says so."""
+    texts = {p.relative_to(REPO): p.read_text(encoding="utf-8")
+             for p in [*PAGES, *sorted((REPO / "conf" / "hydra" / "help").glob("*.yaml"))]}
+    claims = [(name, para) for name, text in texts.items() for para in paragraphs(text)
+              if re.search(r"last line", para) and "`checkpoint:" in para]
+    assert len(claims) >= 3, claims  # README, docs/pretraining.md, pretrain.py --help
+    for name, para in claims:
+        assert "eval_after=true" in para and "`results: <" in para, (name, para)
+
+
+def test_no_page_names_a_path_only_our_own_machines_have():
+    """`../shared/...` is where our development machines keep data; a user's clone has nothing there."""
+    files = [*PAGES, *sorted((REPO / "conf" / "hydra" / "help").glob("*.yaml")),
+             *(REPO / "scripts" / name for name in ("gpu_checks.sh", "gpu_checks.py", "fetch_wheels.py"))]
+    named = [str(p.relative_to(REPO)) for p in files if "../shared" in p.read_text(encoding="utf-8")]
+    assert not named, named
+
+
+def test_the_optuna_example_draws_what_the_docs_say():
+    """Hydra's Optuna sweeper turns `range(a,b)` into Optuna's integers from a to b with b included (its _impl.py),
+    unlike Hydra's own range: the example's sentence lists what it really draws."""
+    impl = pytest.importorskip("hydra_plugins.hydra_optuna_sweeper._impl")
+    import optuna
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    page = " ".join((REPO / "docs" / "experiments.md").read_text(encoding="utf-8").split())
+    override = re.search(r"'(arch\.num_layers=range\(\d+,\d+\))'", page).group(1)
+    said = re.search(r"Here `" + re.escape(override.split("=")[1]) + r"` draws ([\d, or]+) layers", page)
+    assert said, override
+    parser = OverridesParser.create()
+    distribution = impl.create_optuna_distribution_from_override(parser.parse_override(override))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = {study.ask({"n": distribution}).params["n"] for _ in range(200)}
+    assert sorted(drawn) == [int(n) for n in re.findall(r"\d+", said.group(1))]
+    # the basic sweeper's range, which the table contrasts with it, stops before its end
+    assert list(parser.parse_override("n=range(2,5)").sweep_string_iterator()) == ["2", "3", "4"]

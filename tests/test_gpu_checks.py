@@ -1,7 +1,9 @@
 """scripts/gpu_checks.sh in rehearsal (the same steps on CPU at tiny sizes), so its plumbing cannot rot before the
 GPU machine sees it: the pre-flight names what is missing in one line and runs nothing after it; a full run leaves
-at most 8 files in OUT, none in a folder, a summary that lists every step, the figures and a tarball of logs; and
-the checks run without `datasets` (the GPU machine may lack it); bench.py's GPU section leaves the kernels to it."""
+at most 8 files in its results folder (--out, else outputs/gpu_checks/<date>_<time>/ in the checkout), none in a
+folder, a summary that lists every step, the figures and a tarball of logs; and the checks run without `datasets`
+(the GPU machine may lack it); bench.py's GPU section leaves the kernels to it. Its options, the shell wrapper and
+the instructions, in seconds: tests/test_gpu_checks_cli.py."""
 
 import importlib.util
 import json
@@ -40,11 +42,11 @@ def rehearse(tmp_path, hide: list[str], wheels) -> subprocess.CompletedProcess:
         (shadow / module).mkdir(parents=True)
         (shadow / module / "__init__.py").write_text(
             f"raise ModuleNotFoundError(\"No module named '{module}' (hidden by the test)\", name={module!r})\n")
-    env = {**os.environ, "PYTHONPATH": str(shadow), "OUT": str(tmp_path / "out"), "GPU_CHECKS_REHEARSAL": "1"}
+    env = {**os.environ, "PYTHONPATH": str(shadow), "GPU_CHECKS_REHEARSAL": "1"}
     env.pop("GLUE_DIR", None)
-    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_checks.sh"), "--wheels", str(wheels), "--glue",
-                           str(glue_folder(tmp_path))], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1800, check=False)
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_checks.sh"), "--out", str(tmp_path / "out"),
+                           "--wheels", str(wheels), "--glue", str(glue_folder(tmp_path))], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=1800, check=False)
 
 
 def carried_wheels(tmp_path, leave_out: str):
@@ -57,7 +59,7 @@ def carried_wheels(tmp_path, leave_out: str):
     return folder
 
 
-def test_layout_problems_name_what_would_not_come_back(tmp_path):
+def test_layout_problems_name_what_breaks_a_few_small_files(tmp_path):
     for i in range(gpu_checks.MAX_FILES):
         (tmp_path / f"f{i}.md").write_text("x")
     assert gpu_checks.layout_problems(tmp_path) == []
@@ -83,7 +85,7 @@ def test_preflight_names_what_is_missing_in_one_line_and_stops(tmp_path):
 
 
 @pytest.mark.slow
-def test_rehearsal_runs_every_step_and_returns_what_the_device_tool_can_carry_back(tmp_path):
+def test_rehearsal_runs_every_step_and_leaves_a_few_small_files(tmp_path):
     result = rehearse(tmp_path, hide=["datasets"], wheels=carried_wheels(tmp_path, leave_out="datasets"))
     out = tmp_path / "out"
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

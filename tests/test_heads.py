@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from cramming.config import load_config
 from cramming.model import (
     AUTO_MAP,
+    auto_map_of,
     CrammedConfig,
     CrammedForCausalLM,
     CrammedForMaskedLM,
@@ -27,8 +28,9 @@ from cramming.pretraining import pretrain
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16}
 HEADS = [CrammedForTokenClassification, CrammedForQuestionAnswering, CrammedForMultipleChoice]
-HEAD_WEIGHTS = {"classifier.weight", "classifier.bias", "qa_outputs.weight", "qa_outputs.bias", "pooler.weight",
-                "pooler.bias"}
+HEAD_WEIGHTS = {"classifier.weight", "classifier.bias", "qa_outputs.weight", "qa_outputs.bias",
+                "classifier.dense.weight", "classifier.dense.bias", "classifier.out_proj.weight",
+                "classifier.out_proj.bias"}
 
 
 def tiny(objective: str, cls, **overrides):
@@ -84,7 +86,7 @@ def test_multiple_choice_scores_each_choice_alone(objective):
         for c in range(4):
             hidden = model.encoder(x[b, c][None]).last_hidden_state[0]
             token = hidden[-1] if objective == "clm" else hidden[0]
-            score = model.classifier(model.pooler(token).tanh())[0]
+            score = model.classifier.out_proj(model.classifier.dense(token).tanh())[0]
             torch.testing.assert_close(out.logits[b, c], score, rtol=1e-5, atol=1e-6)
     want = -(out.logits.log_softmax(-1)[torch.arange(2), labels]).mean()
     torch.testing.assert_close(out.loss, want)
@@ -122,7 +124,7 @@ def test_a_causal_token_classifier_sees_only_the_left_context(objective):
 def test_heads_take_the_checkpoints_encoder(objective, pretrained, head, tmp_path):
     """from_pretrained fills the encoder from the checkpoint (nothing of it missing) and initialises only the head."""
     source = tiny(objective, pretrained)
-    source.config.auto_map = dict(AUTO_MAP)
+    source.config.auto_map = auto_map_of(source)
     source.save_pretrained(tmp_path)
     model, info = head.from_pretrained(tmp_path, output_loading_info=True)
     assert set(info["missing_keys"]) <= HEAD_WEIGHTS and info["missing_keys"], info
@@ -174,6 +176,7 @@ def test_a_checkpoint_loads_as_each_head_in_a_fresh_interpreter(arch, tmp_path):
         "AutoModelForQuestionAnswering": ["CrammedForQuestionAnswering", True,
                                           ["qa_outputs.bias", "qa_outputs.weight"], [[2, 12], [2, 12]]],
         "AutoModelForMultipleChoice": ["CrammedForMultipleChoice", True,
-                                       ["classifier.bias", "classifier.weight", "pooler.bias", "pooler.weight"],
+                                       ["classifier.dense.bias", "classifier.dense.weight",
+                                        "classifier.out_proj.bias", "classifier.out_proj.weight"],
                                        [[2, 3]]],
     }

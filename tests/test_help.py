@@ -62,6 +62,24 @@ def test_every_key_in_the_help_is_a_real_key(help_of):
         assert OmegaConf.select(cfg, key, default=MISSING) is not MISSING, key
 
 
+def test_each_help_says_what_its_key_lines_cannot(help_of):
+    """eval.py: eval.data_dir defaults to $GLUE_DIR (conf/eval/glue.yaml), which the schema's key line cannot show,
+    and every other preset reads a variable of its own. pretrain.py: with eval_after=true the last line printed is
+    the evaluation's `results:`, not `checkpoint:`."""
+    command, text = help_of
+    said = " ".join(text.split())
+    if command == "pretrain.py":
+        assert "the last line printed is `checkpoint: <folder>`; with eval_after=true it is the evaluation's " \
+               "`results: <results.json>`" in said
+        return
+    variables = sorted({m for path in (CONF / "eval").glob("*.yaml")
+                        for m in re.findall(r"\$\{oc\.env:(\w+),", path.read_text())})
+    assert "GLUE_DIR" in variables and len(variables) >= 6
+    assert "eval.data_dir, else $GLUE_DIR (a glue_data/ folder" in said and "hub (nyu-mll/glue)" in said
+    for variable in variables:
+        assert f"${variable}" in said, variable
+
+
 def test_documented_commands_run_inside_the_activated_venv():
     """One way to run things: set up, `source .venv/bin/activate`, then plain `python` in every command shown."""
     readme = (REPO / "README.md").read_text()

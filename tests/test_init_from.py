@@ -1,17 +1,19 @@
 """train.init_from: a new run from the weights of our checkpoints or of a Hugging Face BertForMaskedLM. The
-untrained validation loss of the new run is the source's final one; BERT's weights, mapped, give BERT's logits;
-anything that does not fit is one line naming the first tensor (or option) that does not."""
+validation loss before the new run's first step is the source's final one, printed as the init_from weights' (the
+word untrained is kept for fresh runs; a resumed run's is from before its first step); BERT's weights, mapped, give
+BERT's logits; anything that does not fit is one line naming the first tensor (or option) that does not."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
-from test_resume import NAN_RUN, TINY, config_for
+from test_resume import NAN_RUN, TINY, config_for, sigterm_at  # noqa: F401 (a fixture, by name)
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
 from cramming import impl as impl_
 from cramming import pretraining
-from cramming.errors import UserError
+from cramming.errors import RunStopped, UserError
 from cramming.train.init_from import load_source, open_source
 
 TINY_BERT = ["arch=bert-base", "arch.num_layers=2", "arch.hidden_size=32", "arch.num_heads=2", "arch.ffn_size=64",
@@ -31,7 +33,41 @@ def test_a_run_from_our_checkpoint_starts_at_its_final_validation_loss(source_ru
                                             "train.max_steps=2"), tmp_path)
     assert again["untrained_val_loss"] == pytest.approx(source["val_loss"], abs=1e-5)
     assert again["steps"] == 2 and again["init_from"] == str(run_dir / "checkpoint")
-    assert "init_from: the weights of" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "init_from: the weights of" in out
+    start = f"{again['untrained_val_loss']:.4f}"  # the loaded weights' loss: not called untrained
+    assert f"\nvalidation loss of the init_from weights {start}\n" in out and "untrained" not in out
+    assert f"validation loss {again['val_loss']:.4f} (init_from weights {start}), " in out
+
+
+def test_a_resumed_run_names_its_first_loss_as_from_before_the_first_step(request, tmp_path, capsys):
+    """The value is carried over from the first launch; the resumed weights are not untrained."""
+    stop_at = request.getfixturevalue("sigterm_at")  # test_resume's: SIGTERM during the given training step
+    run = [*NAN_RUN, "train.checkpoint_every_minutes=null"]
+    stop_at.append(3)
+    with pytest.raises(RunStopped):
+        pretraining.pretrain(config_for(*run), tmp_path)
+    first = capsys.readouterr().out
+    stop_at.clear()
+    resumed = pretraining.pretrain(config_for(*run), tmp_path)
+    out = capsys.readouterr().out
+    start = f"{resumed['untrained_val_loss']:.4f}"
+    assert f"untrained validation loss {start}\n" in first  # the first launch: fresh weights
+    assert "resuming from" in out and "untrained" not in out
+    assert f"\nvalidation loss before the run's first step {start} (measured then, carried over by the resume)\n" in out
+    assert f"validation loss {resumed['val_loss']:.4f} (before the first step {start}), " in out
+
+
+def test_each_start_is_named_for_what_it_is():
+    fresh, init_from = (SimpleNamespace(train=SimpleNamespace(init_from=source)) for source in (None, "/ckpt"))
+    assert pretraining.start_names(fresh, resumed=False, carried=False) == ("untrained validation loss {loss}",
+                                                                           "untrained")
+    assert pretraining.start_names(init_from, resumed=False, carried=False)[1] == "init_from weights"
+    line, short = pretraining.start_names(init_from, resumed=True, carried=True)
+    assert short == "init_from weights" and "carried over by the resume" in line
+    assert pretraining.start_names(fresh, resumed=True, carried=True)[1] == "before the first step"
+    line, short = pretraining.start_names(fresh, resumed=True, carried=False)  # a checkpoint that kept no value
+    assert short == "resumed weights" and line.startswith("validation loss of the resumed weights")
 
 
 def test_a_run_from_an_intermediate_checkpoint_starts_at_its_weights(source_run, tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from cramming.model import (
     AUTO_MAP,
+    auto_map_of,
     CrammedConfig,
     CrammedForCausalLM,
     CrammedForMaskedLM,
@@ -62,16 +63,22 @@ def test_glu_halves_the_second_projection():
     assert ffn.up.weight.shape == (64, 32) and ffn.down.weight.shape == (32, 32)
 
 
-def test_sparse_head_gives_the_dense_loss():
+def test_sparse_head_gives_the_dense_loss_and_only_pretraining_sees_it():
+    """arch.sparse_prediction is the pretraining objective's (pretraining=True): the public forward gives every
+    position's logits, as a masked LM does, with the same loss."""
     torch.manual_seed(0)
     sparse = CrammedForMaskedLM(tiny(sparse_prediction=True)).eval()
     dense = CrammedForMaskedLM(tiny(sparse_prediction=False)).eval()
     dense.load_state_dict(sparse.state_dict())
     ids, labels = masked_batch()
-    out_sparse, out_dense = sparse(ids, labels=labels), dense(ids, labels=labels)
+    out_sparse = sparse(ids, labels=labels, pretraining=True)
+    out_dense = dense(ids, labels=labels, pretraining=True)
+    public = sparse(ids, labels=labels)
     assert out_sparse.logits.shape == (6, 97)  # only the 2 masked positions of 3 rows
-    assert out_dense.logits.shape == (3, 16, 97)
+    assert out_dense.logits.shape == public.logits.shape == (3, 16, 97)
     torch.testing.assert_close(out_sparse.loss, out_dense.loss)
+    torch.testing.assert_close(public.loss, out_dense.loss)
+    torch.testing.assert_close(public.logits, sparse(ids).logits)
 
 
 def test_sdpa_and_eager_agree_with_padding():
@@ -147,7 +154,7 @@ def test_hf_round_trip_in_a_fresh_interpreter(arch, tmp_path):
     if hasattr(model.encoder.positions, "scale"):
         with torch.no_grad():
             model.encoder.positions.scale.fill_(0.123)  # a trained value must survive the round trip
-    model.config.auto_map = dict(AUTO_MAP)
+    model.config.auto_map = auto_map_of(model)
     model.save_pretrained(tmp_path)
     ids, _ = masked_batch()
     torch.save({"ids": ids, "logits": model(ids).logits, "hidden": model.encoder(ids).last_hidden_state},
@@ -244,7 +251,7 @@ def test_causal_classifier_pools_the_last_real_token():
 def test_causal_checkpoint_generates_in_a_fresh_interpreter(tmp_path):
     torch.manual_seed(0)
     model = CrammedForCausalLM(tiny(objective="clm", position="rotary", rotary_pct=0.5)).eval()
-    model.config.auto_map = dict(AUTO_MAP)
+    model.config.auto_map = auto_map_of(model)
     model.save_pretrained(tmp_path)
     ids = torch.tensor([[2, 17, 45, 9]])
     greedy = ids

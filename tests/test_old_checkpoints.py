@@ -9,7 +9,7 @@ import textwrap
 import torch
 from safetensors.torch import load_file, save_file
 
-from cramming.model import AUTO_MAP, CrammedConfig, CrammedForMaskedLM
+from cramming.model import AUTO_MAP, auto_map_of, CrammedConfig, CrammedForMaskedLM
 from cramming.model.renamed import OLD_KEYS, current_key
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16,
@@ -45,7 +45,7 @@ def test_an_old_state_dict_loads_strictly_and_gives_the_same_logits():
 
 def test_an_old_checkpoint_folder_loads_through_from_pretrained_and_the_remote_code(tmp_path):
     model = trained()
-    model.config.auto_map = dict(AUTO_MAP)
+    model.config.auto_map = auto_map_of(model)
     model.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "model.safetensors")
     assert "encoder.score_bias.embedding.weight" in weights

@@ -1,11 +1,14 @@
 """What a run prints besides results: the CPU-recipe note, progress bars with totals and sane units, no stray
-DeepSpeed warning."""
+DeepSpeed warning, no shard bar after a save, no DDP deprecation, no torchao import noise."""
 
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 from conftest import REPO, run_pretrain
@@ -85,3 +88,104 @@ def test_deepspeed_cpu_accelerator_warning_is_quiet():
     assert result.returncode == 0, result.stderr[-2000:]
     output = result.stdout + result.stderr
     assert "a real DeepSpeed warning" in output and "Setting accelerator to CPU" not in output
+
+
+def test_python_docs_first_use_prints_its_corpus_lines_alone_then_the_tokenizer_bar(tmp_path, monkeypatch):
+    """On first use python-docs builds its corpus inside the tokenizer's first read. The tokenizer bar used to open
+    before that: "building the python-docs corpus" printed on the bar's line, and the bar counted the build as reading
+    time (760 characters in 50 s: an ETA of 280 hours). Now the bar opens once the corpus exists, out of its size."""
+    from cramming.data import prepare
+    from cramming.data.sources import PythonDocs
+
+    cfg = data_config(tmp_path, tmp_path / "cache", source="python-docs", max_chars=30_000)
+    corpus = PythonDocs(cfg, tmp_path / "cache").corpus
+    bars = []
+
+    class Recording(prepare.tqdm):
+        def __init__(self, *args, **kwargs):
+            bars.append({"desc": kwargs["desc"], "corpus_built": corpus.exists(), "updates": set()})
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            bars[-1]["updates"].add((self.total, self.unit))
+            return super().update(n)
+
+    monkeypatch.setattr(prepare, "tqdm", Recording)
+    both = io.StringIO()  # stdout and stderr in the order a console shows them
+    with contextlib.redirect_stdout(both), contextlib.redirect_stderr(both):
+        prepare.prepare_data(cfg)
+    lines = re.split(r"[\r\n]", both.getvalue())
+    for line in ("building the python-docs corpus", "python-docs corpus: "):
+        assert [text for text in lines if line in text and not text.startswith(line)] == [], both.getvalue()[-2000:]
+    assert any(text.startswith("python-docs corpus: ") and "documents" in text for text in lines)
+    tokenizer_bar = next(bar for bar in bars if bar["desc"] == "training tokenizer")
+    assert tokenizer_bar["corpus_built"]  # its clock starts after the build
+    size = PythonDocs(cfg, tmp_path / "cache").size_hint()
+    assert tokenizer_bar["updates"] == {(min(size, 30_000), "char")}  # the whole way out of the corpus's characters
+
+
+def test_our_saves_draw_no_shard_bar_and_leave_the_users_switch_alone(tmp_path, capsys, monkeypatch):
+    """transformers' "Writing model shards" bar printed after every run; it is off for our saves only."""
+    from transformers.utils import logging as hf_logging
+
+    from cramming.data.tokenizer import train_tokenizer
+    from cramming.model import CrammedConfig
+    from cramming.model.modeling_crammed import CrammedForMaskedLM
+    from cramming.train import checkpoint
+    from cramming.train.checkpoint import save_checkpoint
+
+    monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary: None)  # the card reads a whole run's summary
+
+    model = CrammedForMaskedLM(CrammedConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, ffn_size=32))
+    tokenizer = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20, "wordpiece", 100, 32)
+    summary = {"name": "quiet"}
+    was_on = hf_logging.is_progress_bar_enabled()
+    try:
+        hf_logging.enable_progress_bar()
+        save_checkpoint(model, tokenizer, summary, tmp_path / "on")
+        assert "Writing model shards" not in capsys.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()  # the user's bars: still on
+        model.save_pretrained(tmp_path / "theirs")  # and still drawn in the user's own saves
+        assert "Writing model shards" in capsys.readouterr().err
+        hf_logging.disable_progress_bar()
+        save_checkpoint(model, tokenizer, summary, tmp_path / "off")
+        assert not hf_logging.is_progress_bar_enabled()  # a user who turned them off: still off
+    finally:
+        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+
+
+def test_the_ddp_engine_wraps_without_a_deprecation_warning(tmp_path):
+    """torch 2.13 deprecates broadcast_buffers (a FutureWarning on every rank); its successor keeps our choice: no
+    buffer broadcast at each forward."""
+    import torch
+    import torch.distributed as dist
+
+    from cramming.engines import ENGINES
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 4)
+        model.register_buffer("table", torch.ones(4))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapped = ENGINES["ddp"](rank=0, world=1).wrap(model, torch.device("cpu"))
+        assert [str(w.message) for w in caught] == []
+        assert not wrapped.broadcast_buffers  # (a property over forward_sync_buffers where that exists)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed (the fp8 extra)")
+def test_torchao_import_noise_is_quiet():
+    """With torchao installed, transformers imports it with the first model: torchao logged that its optional C++
+    kernels failed to load, and torch two pytree deprecations. Only those lines are dropped."""
+    script = ("import logging, sys\nimport pretrain\nfrom cramming.model import CrammedConfig\n"
+              "from cramming.model.modeling_crammed import CrammedForMaskedLM\n"
+              "CrammedForMaskedLM(CrammedConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, ffn_size=32))\n"
+              "assert 'torchao' in sys.modules\nlogging.getLogger('torchao').warning('a real torchao warning')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=False,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "a real torchao warning" in result.stderr
+    for noise in ("Failed to load", "cutlass", "is now natively supported", "register_constant"):
+        assert noise not in result.stdout + result.stderr, result.stderr[-2000:]

@@ -62,4 +62,4 @@ def test_the_option_reaches_the_trained_model(on):
     runtime = Runtime(torch.device("cpu"), "fp32", False)
     model = build_model(config.arch, 64, {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}, runtime)
     model, _, _ = place(config, model, runtime, Engine())
-    assert all(getattr(block, "recomputed", False) == on for block in model.encoder.layers)
+    assert all(block.gradient_checkpointing == on for block in model.encoder.layers)

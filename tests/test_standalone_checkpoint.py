@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cramming.registry
-from cramming.model import AUTO_MAP, CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
+from cramming.model import AUTO_MAP, auto_map_of, CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model import registry as model_registry
 
 SHARED = Path(cramming.registry.__file__)
@@ -45,7 +45,7 @@ def tiny(head):
     config = CrammedConfig(objective="clm" if head is CrammedForCausalLM else "mlm", hidden_size=32, num_heads=4,
                            ffn_size=64, num_layers=2, vocab_size=97, position="rotary")
     model = head(config).eval()
-    model.config.auto_map = dict(AUTO_MAP)
+    model.config.auto_map = auto_map_of(model)
     return model
 
 

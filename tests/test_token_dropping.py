@@ -62,7 +62,7 @@ def test_the_dropping_layers_see_exactly_k_tokens():
                                      (0.5, {"layers": [0, 3]}, 8, [1, 2])):
         m = model(keep, token_dropping=drop).train()
         seen = record_layer_inputs(m)
-        m(*batch()[:1], labels=batch()[1])
+        m(*batch()[:1], labels=batch()[1], pretraining=True)
         assert list(kept_only_layers(m.config)) == kept_only
         assert [seen[i].shape[1] for i in range(4)] == [k if i in kept_only else SEQ for i in range(4)], drop
 
@@ -116,7 +116,7 @@ def test_dropped_tokens_pass_the_middle_layers_unchanged():
     m.encoder.layers[0].register_forward_hook(lambda mod, args, out: first.append(out.detach().clone()))
     ids, labels = batch()
     keep = m.token_importance.choose(ids)
-    m(ids, labels=labels)
+    m(ids, labels=labels, pretraining=True)
     dropped = torch.ones(2, SEQ, dtype=torch.bool).scatter(1, keep, False)
     assert dropped.sum() == 2 * (SEQ - 8)
     assert torch.equal(seen[3][dropped], first[0][dropped])
@@ -147,7 +147,7 @@ def test_the_importance_moves_toward_the_observed_losses():
     m = model().train()
     ids, labels = batch()
     before = m.token_importance.loss.clone()
-    m(ids, labels=labels)
+    m(ids, labels=labels, pretraining=True)
     moved = (m.token_importance.loss != before).nonzero().flatten().tolist()
     assert moved == sorted(set(labels[labels != -100].tolist()))
 
@@ -157,7 +157,7 @@ def test_fused_and_plain_losses_give_the_same_update():
     results = {}
     for loss in ("plain", "fused"):
         m = model(loss_impl=loss).train()
-        out = m(ids, labels=labels)
+        out = m(ids, labels=labels, pretraining=True)
         out.loss.backward()
         results[loss] = (out.loss.detach(), m.token_importance.loss, m.decoder.weight.grad)
     (loss_p, imp_p, grad_p), (loss_f, imp_f, grad_f) = results["plain"], results["fused"]
@@ -186,8 +186,11 @@ def test_eval_finetuning_inference_and_keep_one_are_the_undropped_model():
     one = model(1.0).train()
     assert one.token_importance is None
     plain.train()
-    assert torch.equal(one(ids, labels=labels).loss, plain(ids, labels=labels).loss)
-    assert not torch.equal(dropping.train()(ids, labels=labels).loss, plain(ids, labels=labels).loss)
+    torch.testing.assert_close(one(ids, labels=labels, pretraining=True).loss, plain(ids, labels=labels).loss)
+    dropped = dropping.train()(ids, labels=labels, pretraining=True).loss
+    assert not torch.equal(dropped, plain(ids, labels=labels).loss)
+    # only the pretraining objective drops: a training forward with labels from anyone else (the Trainer) does not
+    torch.testing.assert_close(dropping(ids, labels=labels).loss, plain(ids, labels=labels).loss)
 
 
 def test_flops_count_the_kept_only_layers_at_k_tokens():

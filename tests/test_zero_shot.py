@@ -248,6 +248,29 @@ def test_the_built_in_scorer_matches_lm_eval_item_by_item(causal, causal_checkpo
         assert ours["acc_norm"] == pytest.approx(100 * sum(s["acc_norm"] for s in samples) / len(samples))
 
 
+def test_lm_evals_plain_command_agrees_with_ours(causal, causal_checkpoint, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=<ckpt>,trust_remote_code=True`, as a user types it: nothing to add
+    (the tokenizer names [CLS] its bos token, lm-eval's prefix), and the same acc and acc_norm as eval=zero-shot."""
+    needs_lm_eval()
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    model, tokenizer = causal
+    assert tokenizer.bos_token == tokenizer.cls_token and tokenizer.eos_token == tokenizer.sep_token
+    data, yamls = write_tasks(tmp_path)
+    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={causal_checkpoint},trust_remote_code=True",
+                                  tasks=["zs_hellaswag"], task_manager=TaskManager(include_path=str(yamls)),
+                                  log_samples=True, device="cpu")  # --device cpu: the harness's default is cuda
+    ours = score_items(model, tokenizer, read_items(data / "hellaswag.jsonl"), model.config.max_seq_length, 3, "cpu",
+                       NO_AUTOCAST)
+    samples = sorted(out["samples"]["zs_hellaswag"], key=lambda s: s["doc_id"])
+    for sample, lls in zip(samples, ours["loglikelihoods"], strict=True):
+        assert lls == pytest.approx([r[0][0] for r in sample["resps"]], rel=1e-5, abs=1e-4)
+    from cramming.eval.harness import task_metrics
+
+    assert {"acc": ours["acc"], "acc_norm": ours["acc_norm"]} == pytest.approx(task_metrics(out, "zs_hellaswag"))
+
+
 def test_without_lm_eval_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval now raises ImportError
     with pytest.raises(UserError, match=r"pip install 'cramming\[lm-eval\]'"):

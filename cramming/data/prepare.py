@@ -12,6 +12,7 @@ folder under a file lock, then renamed into place, so concurrent sweep jobs shar
 """
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -76,13 +77,18 @@ def _capped(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
 
 def _progress(desc: str, docs: Iterable[str], source, cap: int | None) -> Iterator[str]:
     """A bar of characters read (k/M per second, never seconds per document), out of the source's size where
-    it is known, capped. python-docs knows its size only once its corpus is built, on the first document; a
-    file's size in bytes only estimates its documents' characters, so a source read to its end ends at 100 %."""
-    bar = tqdm(desc=desc, unit="char", unit_scale=True, mininterval=2)
+    it is known, capped. A file's size in bytes only estimates its documents' characters, so a source read to
+    its end ends at 100 %. The bar opens at the first document: python-docs builds its corpus on the first read,
+    with its own lines and bar, which an open bar would share a line with and count as reading time (an ETA of
+    hundreds of hours); built, the corpus also knows its size."""
+    docs = iter(docs)
+    first = next(docs, None)
+    total = source.size_hint()
+    if total is not None and cap:
+        total = min(total, cap)
+    bar = tqdm(desc=desc, total=total, unit="char", unit_scale=True, mininterval=2)
     try:
-        for doc in docs:
-            if bar.total is None and (size := source.size_hint()) is not None:
-                bar.total = min(size, cap) if cap else size
+        for doc in itertools.chain([] if first is None else [first], docs):
             bar.update(len(doc))
             yield doc
         bar.total = bar.n

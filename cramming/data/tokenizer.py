@@ -120,7 +120,8 @@ def _spaced_decoder(decoder):
 def for_generation(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
     """The tokenizer a causal checkpoint ships. Training saw [CLS] then the token stream, each document closed by
     [SEP]; a prompt is the start of a document, so it gets [CLS] and no [SEP] (after one, the model would begin a
-    new document). A pair keeps the [SEP] between its texts. Decoding spaces every word (`_spaced_decoder`)."""
+    new document). A pair keeps the [SEP] between its texts. Decoding spaces every word (`_spaced_decoder`). [CLS]
+    and [SEP] are its bos and eos tokens."""
     with TemporaryDirectory() as tmp:  # a deep copy through the saved form, the one path every tokenizer has
         tokenizer.save_pretrained(tmp)
         tok = AutoTokenizer.from_pretrained(tmp)
@@ -129,6 +130,9 @@ def for_generation(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFas
         single=f"{cls} $A", pair=f"{cls} $A {sep} $B:1", special_tokens=[(cls, tok.cls_token_id), (sep, tok.sep_token_id)]
     )
     backend.decoder = _spaced_decoder(backend.decoder)
+    # What tools for causal LMs read (lm-eval's prefix token and end of text, generation's stop): a document
+    # starts with [CLS] and ends with [SEP].
+    tok.bos_token, tok.eos_token = cls, sep
     return tok
 
 

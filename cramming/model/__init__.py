@@ -7,12 +7,11 @@ importing torch and transformers.
 import importlib
 
 # Written into every saved config.json, so each Auto class loads a checkpoint with trust_remote_code=True
-# in a Python that never imported cramming.
+# in a Python that never imported cramming: the classes every checkpoint serves, and (auto_map_of) the one of the
+# objective it was pretrained with, so that a causal checkpoint is no masked LM to transformers (fill-mask refuses it).
 AUTO_MAP = {
     "AutoConfig": "configuration_crammed.CrammedConfig",
     "AutoModel": "modeling_crammed.CrammedModel",
-    "AutoModelForMaskedLM": "modeling_crammed.CrammedForMaskedLM",
-    "AutoModelForCausalLM": "modeling_crammed.CrammedForCausalLM",
     "AutoModelForSequenceClassification": "modeling_crammed.CrammedForSequenceClassification",
     "AutoModelForTokenClassification": "heads.CrammedForTokenClassification",
     "AutoModelForQuestionAnswering": "heads.CrammedForQuestionAnswering",
@@ -25,10 +24,16 @@ CLASSES = {"CrammedConfig": ".configuration_crammed", "CrammedModel": ".modeling
            "CrammedForMultipleChoice": ".heads"}
 
 
+def auto_map_of(model) -> dict:
+    """config.json's auto_map for a checkpoint of this pretraining head: AUTO_MAP and the head's own (its
+    extra_auto_map: AutoModelForMaskedLM, AutoModelForCausalLM, AutoModelForPreTraining)."""
+    return {**AUTO_MAP, **getattr(model, "extra_auto_map", {})}
+
+
 def __getattr__(name: str):
     if name in CLASSES:
         return getattr(importlib.import_module(CLASSES[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AUTO_MAP", *CLASSES]
+__all__ = ["AUTO_MAP", "auto_map_of", *CLASSES]

@@ -137,7 +137,7 @@ class ArchConfig:
     objective: str = "mlm"  # the pretraining objective (clm: causal attention, next-token prediction)
     rtd: RTDConfig = field(default_factory=RTDConfig)
     head_transform: bool = False  # a dense + activation + norm transform before the LM head (BERT's)
-    sparse_prediction: bool = True  # mlm: run the LM head only on the masked positions
+    sparse_prediction: bool = True  # mlm pretraining: the LM head on the masked positions only (forward: all)
     init: str = "normal"  # the weights' initialisation scheme
     init_std: float = 0.02  # the normal initialisation's standard deviation
     hidden_dropout: float = 0.0  # off for pretraining, as in Cramming; eval turns dropout on

@@ -99,6 +99,18 @@ def sdpa_attention(q, k, v, spec: AttentionSpec = AttentionSpec()):
 @attention_kernel("eager", serves=set(FEATURES))
 def eager_attention(q, k, v, spec: AttentionSpec = AttentionSpec()):
     """The textbook formula, in fp32: the reference the fused kernels are tested against."""
+    return weighted_values(eager_probs(q, k, spec), v, spec)
+
+
+def weighted_values(probs, v, spec: AttentionSpec) -> torch.Tensor:
+    """The attention probabilities (after the spec's dropout) times the values, in v's dtype."""
+    probs = F.dropout(probs, p=spec.dropout_p, training=spec.dropout_p > 0)
+    return (probs @ v.float()).to(v.dtype)
+
+
+def eager_probs(q, k, spec: AttentionSpec) -> torch.Tensor:
+    """softmax(q k^T * scale + bias, masked) in fp32, (batch, heads, queries, keys): the probabilities that
+    output_attentions returns; a query that sees nothing gets zeros."""
     scores = q.float() @ k.float().transpose(-2, -1)
     scores = scores / math.sqrt(q.shape[-1]) if spec.scale is None else scores * spec.scale
     additive = score_bias(q, spec.alibi, spec.bias)
@@ -116,19 +128,18 @@ def eager_attention(q, k, v, spec: AttentionSpec = AttentionSpec()):
     probs = torch.softmax(scores, dim=-1)
     if visible is not None:  # a query that sees nothing: softmax gave NaN, the convention is zero output
         probs = probs.masked_fill(~visible.any(-1, keepdim=True), 0.0)
-    probs = F.dropout(probs, p=spec.dropout_p, training=spec.dropout_p > 0)
-    return (probs @ v.float()).to(q.dtype)
+    return probs
 
 
-def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None):
+def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None, record: list | None = None):
     """The queries of the last q.shape[2] rows against all k.shape[2] keys (a KV cache's step, or queries whose
     mask needs their positions), with the same mask and bias as the square kernels: the spec's pattern mask
     (pattern.visible at its window / stepped / topk), causality, padding, documents, ALiBi and bias. Distances
     (causality, windows, ALiBi) count the tensor's indices, which are the real tokens' distances when padding is only
     on the left or the right; an absolute pattern (stepped) is computed at `positions` (the context's
     rotary.Positions) when given. One formula for every impl.attention (the fused kernels need equal q and k
-    lengths): SDPA with the mask as an additive bias, or the eager formula for top-k; a query that sees nothing gets
-    zeros."""
+    lengths): SDPA with the mask as an additive bias, or the eager formula for top-k and when `record` (a list)
+    keeps the probabilities; a query that sees nothing gets zeros."""
     key_idx = torch.arange(k.shape[2], device=q.device)
     query_idx = key_idx[k.shape[2] - q.shape[2]:]
     at = (positions.ids, positions.key_ids) if positions is not None and pattern.absolute else (query_idx, key_idx)
@@ -146,13 +157,17 @@ def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None):
     if spec.bias is not None:
         additive = additive + spec.bias.float()
     additive = additive.masked_fill(~visible, float("-inf"))
-    if spec.topk is not None:
-        y = eager_attention(q, k, v, AttentionSpec(topk=spec.topk, bias=additive, dropout_p=spec.dropout_p,
-                                                   scale=spec.scale))
+    sees_nothing = ~visible.any(-1, keepdim=True)
+    if spec.topk is not None or record is not None:
+        probs = eager_probs(q, k, AttentionSpec(topk=spec.topk, bias=additive, scale=spec.scale))
+        probs = probs.masked_fill(sees_nothing, 0.0)
+        if record is not None:
+            record.append(probs.to(q.dtype))
+        y = weighted_values(probs, v, spec).to(q.dtype)
     else:
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=spec.dropout_p,
                                            scale=spec.scale)
-    return y.masked_fill(~visible.any(-1, keepdim=True), 0.0)
+    return y.masked_fill(sees_nothing, 0.0)
 
 
 def autocast_dtype(q, k, v):
@@ -182,6 +197,7 @@ class SelfAttention(nn.Module):
         self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
         self.dropout = config.attention_dropout
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
+        self.config = config  # its _attn_implementation: "eager" (transformers' name) asks for the eager kernel
         self.pattern = PATTERNS.get_or_explain(config.attention.pattern[index % len(config.attention.pattern)])
         positions = POSITIONS.get_or_explain(config.position)
         self.rotary = positions.rotation(config, index)
@@ -214,7 +230,13 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         if (cache is not None and cache.past) or (ctx.positions is not None and self.pattern.absolute):
-            y = attend_at(q, k, v, spec, self.pattern, ctx.positions)
+            y = attend_at(q, k, v, spec, self.pattern, ctx.positions, ctx.attentions)
+        elif ctx.attentions is not None:  # output_attentions: the probabilities themselves, whatever the kernel
+            probs = eager_probs(q, k, spec)
+            ctx.attentions.append(probs.to(q.dtype))
+            y = weighted_values(probs, v, spec).to(q.dtype)
+        elif getattr(self.config, "_attn_implementation", None) == "eager":
+            y = eager_attention(q, k, v, spec)
         else:
             y = self.kernel(q, k, v, spec)
         return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))

@@ -3,6 +3,7 @@
 
 import torch
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import SelfAttention
 from .context import PLAIN, Context
@@ -34,8 +35,10 @@ def cache_problem(config) -> str | None:
 
 
 @BLOCKS.register("attention")
-class TransformerBlock(nn.Module):
-    """Self-attention then the feed-forward block, each with its residual and norm (pre or post, arch.norm_position)."""
+class TransformerBlock(GradientCheckpointingLayer):
+    """Self-attention then the feed-forward block, each with its residual and norm (pre or post, arch.norm_position).
+    A GradientCheckpointingLayer: with gradient checkpointing on (transformers' gradient_checkpointing_enable, or
+    impl.activation_checkpointing), it keeps only its input and runs again in the backward pass."""
 
     kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
     token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions

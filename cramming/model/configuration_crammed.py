@@ -17,7 +17,8 @@ SECTIONS = {f.name: type(getattr(ARCH_DEFAULTS, f.name)) for f in dataclasses.fi
 class CrammedConfig(PretrainedConfig):
     model_type = "crammed"
     # Names generic Hugging Face code (pipelines, Trainer, PEFT) looks for.
-    attribute_map = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads"}
+    attribute_map = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+                     "intermediate_size": "ffn_size", "max_position_embeddings": "max_seq_length"}
 
     def __init__(
         self,

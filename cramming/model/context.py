@@ -17,6 +17,8 @@ class Context(NamedTuple):
     bias: torch.Tensor | None = None  # an additive score bias shared by the layers (T5's relative-position bias)
     cache: object | None = None  # this layer's KV cache slot when generating (kv_cache.LayerCache)
     value_embedding: torch.Tensor | None = None  # this layer's value embedding (value_embeddings.py)
+    hidden_states: list | None = None  # output_hidden_states: each block's output is appended (stacks.py)
+    attentions: list | None = None  # output_attentions: each attention block appends its probabilities
 
     def kept(self, keep: torch.Tensor, seq_len: int) -> "Context":
         """The context of the kept tokens alone (token dropping): their padding, document ids and positions."""

@@ -104,10 +104,12 @@ class CrammedForReplacedTokenDetection(CrammedPreTrainedModel):
         self._tied_weights_keys = tied  # saved once, under the discriminator's names
 
     def forward(self, input_ids, attention_mask=None, labels=None, replace_draws=None, return_dict=None,
-                document_ids=None, **unused) -> ReplacedTokenDetectionOutput:
+                document_ids=None, pretraining: bool = True, **kwargs) -> ReplacedTokenDetectionOutput:
         """labels: MLM labels (the original ids at the masked positions, -100 elsewhere); without them, the
         discriminator's logits on input_ids as they are. replace_draws: uniforms shaped like input_ids, read at the
-        masked positions (None: drawn from torch's generator). document_ids: both encoders' (CrammedModel's)."""
+        masked positions (None: drawn from torch's generator). document_ids: both encoders' (CrammedModel's).
+        pretraining: what the objective passes every head; this one only pretrains (its generator always decodes the
+        masked positions alone)."""
         if labels is None:
             return ReplacedTokenDetectionOutput(logits=self.discriminate(input_ids, attention_mask, document_ids))
         generator_loss, sampled, selected = self.generate_replacements(input_ids, attention_mask, labels,

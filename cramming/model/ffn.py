@@ -50,6 +50,8 @@ class GLU(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        if config.ffn_size % 2:
+            raise ValueError(f"ffn_size {config.ffn_size} is odd: a GLU splits it in halves")
         self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
         self.down = build_linear(config, "ffn", config.ffn_size // 2, config.hidden_size)
         self.down.residual_output = True

@@ -8,6 +8,7 @@ use the lower triangle of the spatial matrix only.
 
 import torch
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import ATTENTION_KERNELS
 from .context import PLAIN, Context
@@ -45,7 +46,7 @@ class TinyAttention(nn.Module):
         return self.out(y.squeeze(1))
 
 
-class GMLPBlock(nn.Module):
+class GMLPBlock(GradientCheckpointingLayer):
     """gMLP: a spatial gating unit mixes the tokens through a learned sequence-by-sequence matrix instead of
     attention (with arch.gmlp.attn_dim, aMLP: plus a tiny single-head attention)."""
 

@@ -12,7 +12,9 @@ from torch.nn import functional as F
 from transformers.modeling_outputs import MultipleChoiceModelOutput, QuestionAnsweringModelOutput, TokenClassifierOutput
 
 from .configuration_crammed import CrammedConfig
-from .modeling_crammed import CrammedModel, CrammedPreTrainedModel, pooled_token
+from .modeling_crammed import (ClassificationHead, CrammedModel, CrammedPreTrainedModel, as_requested,
+                               encoder_outputs, pooled_token)
+from .renamed import HEAD_KEYS, current_head_keys
 
 
 class CrammedForTokenClassification(CrammedPreTrainedModel):
@@ -30,13 +32,17 @@ class CrammedForTokenClassification(CrammedPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused) -> TokenClassifierOutput:
-        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
-        logits = self.classifier(self.dropout(hidden))
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs) -> TokenClassifierOutput:
+        out = self.encoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                           return_dict=True)
+        logits = self.classifier(self.dropout(out.last_hidden_state))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
-        return TokenClassifierOutput(loss=loss, logits=logits)
+        return as_requested(TokenClassifierOutput(loss=loss, logits=logits, **encoder_outputs(out)), return_dict,
+                            self.config)
 
 
 class CrammedForQuestionAnswering(CrammedPreTrainedModel):
@@ -53,10 +59,13 @@ class CrammedForQuestionAnswering(CrammedPreTrainedModel):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, start_positions=None, end_positions=None, return_dict=None,
-                **unused) -> QuestionAnsweringModelOutput:
-        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
-        start_logits, end_logits = self.qa_outputs(hidden).unbind(-1)
+    def forward(self, input_ids=None, attention_mask=None, start_positions=None, end_positions=None,
+                position_ids=None, inputs_embeds=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs) -> QuestionAnsweringModelOutput:
+        out = self.encoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                           return_dict=True)
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             ignored = start_logits.shape[1]  # one past the last position: where out-of-sequence answers go
@@ -64,31 +73,46 @@ class CrammedForQuestionAnswering(CrammedPreTrainedModel):
             end = end_positions.reshape(-1).clamp(0, ignored)
             loss = (F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
                     + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)) / 2
-        return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits)
+        output = QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
+                                              **encoder_outputs(out))
+        return as_requested(output, return_dict, self.config)
 
 
 class CrammedForMultipleChoice(CrammedPreTrainedModel):
-    """Encoder + pooler (dense + tanh, as BERT's) + dropout + one score per choice; the loss is cross-entropy over
-    the choices. Inputs are (batch, choices, seq); each choice is encoded alone and pooled like the sequence
-    classifier: the first token ([CLS]) of a bidirectional model, the last real token of a causal one."""
+    """Encoder + pooler (dense + tanh, as BERT's) + dropout + one score per choice (ClassificationHead, named
+    `classifier`); the loss is cross-entropy over the choices. Inputs are (batch, choices, seq); each choice is encoded
+    alone and pooled like the sequence classifier: the first token ([CLS]) of a bidirectional model, the last real
+    token of a causal one."""
 
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
         self.encoder = CrammedModel(config)
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.classifier = ClassificationHead(config, 1)
+        self._register_load_state_dict_pre_hook(current_head_keys)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None,
-                **unused) -> MultipleChoiceModelOutput:
-        batch, choices, seq = input_ids.shape
-        flat_mask = None if attention_mask is None else attention_mask.reshape(batch * choices, seq)
-        hidden = self.encoder(input_ids.reshape(batch * choices, seq), flat_mask).last_hidden_state
-        pooled = self.pooler(pooled_token(hidden, flat_mask, self.config.causal)).tanh()
-        logits = self.classifier(self.dropout(pooled)).reshape(batch, choices)
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
+        return super().from_pretrained(*args, key_mapping={**HEAD_KEYS, **(key_mapping or {})}, **kwargs)
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs) -> MultipleChoiceModelOutput:
+        given = input_ids if input_ids is not None else inputs_embeds
+        batch, choices, seq = given.shape[:3]
+
+        def flat(t):  # (batch, choices, seq, ...) -> (batch * choices, seq, ...)
+            return None if t is None else t.reshape(batch * choices, seq, *t.shape[3:])
+
+        flat_mask = flat(attention_mask)
+        out = self.encoder(flat(input_ids), flat_mask, position_ids=flat(position_ids),
+                           inputs_embeds=flat(inputs_embeds), output_attentions=output_attentions,
+                           output_hidden_states=output_hidden_states, return_dict=True)
+        logits = self.classifier(pooled_token(out.last_hidden_state, flat_mask, self.config.causal))
+        logits = logits.reshape(batch, choices)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels)
-        return MultipleChoiceModelOutput(loss=loss, logits=logits)
+        return as_requested(MultipleChoiceModelOutput(loss=loss, logits=logits, **encoder_outputs(out)), return_dict,
+                            self.config)
 
 
 # Saved checkpoints name these classes in config.json's auto_map (cramming.model.AUTO_MAP).

@@ -7,6 +7,7 @@ question-answering and multiple-choice heads are in heads.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from .norms import build_norm
 from .parametrization import mark_hidden, parametrization
 from .positions import POSITIONS
 from .registry import copy_into
-from .renamed import OLD_KEYS, current_keys
+from .renamed import HEAD_KEYS, OLD_KEYS, current_head_keys, current_keys
 from .stacks import build_stack
 from .token_dropping import TokenImportance, dropping_layers
 from .unet import UNetSkips
@@ -38,10 +39,42 @@ from .value_embeddings import ValueEmbeddings
 HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
 
 
+def as_requested(output, return_dict, config):
+    """The output as transformers' models give it: a ModelOutput, or with return_dict=False (the argument, else the
+    config's) a tuple of its fields that are set."""
+    wanted = return_dict if return_dict is not None else getattr(config, "return_dict", True)
+    return output if wanted else output.to_tuple()
+
+
+def given_cache(cache, past_key_values):
+    """The cache passed as `cache` or under its older name past_key_values, which transformers now calls deprecated
+    (said once per call, as transformers' own models do)."""
+    if past_key_values is None:
+        return cache
+    if CACHE_KEY == "cache":
+        warnings.warn("`past_key_values` is deprecated: pass the cache as `cache`", FutureWarning, stacklevel=3)
+    return cache if cache is not None else past_key_values
+
+
+def encoder_outputs(out) -> dict:
+    """A head's share of its encoder's output: the hidden states and attentions, when they were asked for."""
+    return {"hidden_states": out.hidden_states, "attentions": out.attentions}
+
+
+def summed_over(loss, targets, num_items_in_batch):
+    """A mean loss over the targets that count (!= -100) as a sum over num_items_in_batch of them, when the Trainer
+    accumulates gradients and passes that count; the mean otherwise."""
+    if num_items_in_batch is None:
+        return loss
+    return loss * (targets != -100).sum() / num_items_in_batch
+
+
 class CrammedPreTrainedModel(PreTrainedModel):
     config_class = CrammedConfig
     base_model_prefix = "encoder"
     _supports_sdpa = True
+    # gradient_checkpointing_enable(): the blocks are GradientCheckpointingLayers (impl.activation_checkpointing too)
+    supports_gradient_checkpointing = True
     drops_tokens = False  # a head whose training forward drops tokens (arch.token_dropping) says so
     pipeline_tag = None  # the hub's task for a model pretrained with this head (its model card says it)
 
@@ -124,10 +157,15 @@ class CrammedModel(CrammedPreTrainedModel):
     def set_input_embeddings(self, value):
         self.tokens = value
 
-    def forward(self, input_ids, attention_mask=None, return_dict=None, cache=None, keep=None, position_ids=None,
-                document_ids=None, **unused) -> BaseModelOutput:
-        """cache: a transformers Cache when generating with one (CrammedForCausalLM): input_ids are then the tokens
-        after the `past` cached ones, at positions past onwards, and attention_mask covers the cached ones too.
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, cache=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, keep=None, document_ids=None,
+                past_key_values=None, **kwargs) -> BaseModelOutput:
+        """input_ids, or inputs_embeds: (batch, seq, hidden) vectors in place of the token embeddings (the position
+        table is still added). output_hidden_states: the embeddings' output and each block's, the last one after
+        the final norm (= last_hidden_state); output_attentions: each attention block's probabilities, computed by
+        the eager formula for that forward; return_dict=False: a tuple (all three default to the config's).
+        cache (transformers' Cache; past_key_values, its older name): input_ids are then the tokens after the `past`
+        cached ones, at positions past onwards, and attention_mask covers the cached ones too.
         keep: the (batch, k) positions the token-dropping layers update (stacks.DroppingStack); None: every layer sees
         every token.
         position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
@@ -136,33 +174,51 @@ class CrammedModel(CrammedPreTrainedModel):
         stepped blocks. Distances (causality, windows, ALiBi, T5 buckets) count the tensor's indices, the same
         between real tokens when padding is only on the left or the right.
         document_ids: (batch, seq) non-decreasing ids of the documents packed in each row (data.document_masking):
-        no token attends to another document's, and positions restart at each document (context.py)."""
-        seq_len = input_ids.shape[1]
+        no token attends to another document's, and positions restart at each document (context.py).
+        No branch reads a tensor's values, so the forward traces and exports with dynamic shapes (torch.export)."""
+        cache = given_cache(cache, past_key_values)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give input_ids or inputs_embeds (one of them)")
+        seq_len = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         past = 0 if cache is None else self.cache_length(cache, attention_mask, seq_len)
         if document_ids is not None:
             position_ids = self.document_position_ids(document_ids, position_ids, cache)
         where = token_positions(position_ids, attention_mask, past, seq_len)  # per-forward: every layer gets it
-        x = self.embed(input_ids, past, where)
-        # A mask of all ones is the same as no mask; skipping it keeps the fused attention paths.
-        padding = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
-        ctx = Context(padding=padding, positions=where, documents=document_ids)
-        shared_bias = (self.score_bias(seq_len, past) if self.score_bias is not None and self.config.rpe.cache
+        x = self.embed(input_ids, past, where, inputs_embeds)
+        config = self.config
+        hidden = [x] if (output_hidden_states if output_hidden_states is not None else config.output_hidden_states) \
+            else None
+        attentions = [] if (output_attentions if output_attentions is not None else config.output_attentions) else None
+        ctx = Context(padding=None if attention_mask is None else attention_mask.bool(), positions=where,
+                      documents=document_ids, hidden_states=hidden, attentions=attentions)
+        shared_bias = (self.score_bias(seq_len, past) if self.score_bias is not None and config.rpe.cache
                        else None)
-        values = self.value_embeddings(input_ids) if self.value_embeddings is not None else {}
+        values = self.value_embeddings(self.token_ids(input_ids)) if self.value_embeddings is not None else {}
 
         def at(i: int, base: Context = ctx) -> Context:
             """Layer i's context: its score bias, cache slot and value embedding."""
-            bias = shared_bias if self.score_bias is None or self.config.rpe.cache else self.score_bias(seq_len, past)
+            bias = shared_bias if self.score_bias is None or config.rpe.cache else self.score_bias(seq_len, past)
             return base._replace(bias=bias, value_embedding=values.get(i),
                                  cache=None if cache is None else LayerCache(cache, i, past))
 
-        x = self.stack(self, x, ctx, at, keep)  # chosen at build: plain, U-net or token dropping
-        return BaseModelOutput(last_hidden_state=self.final_norm(x))
+        x = self.final_norm(self.stack(self, x, ctx, at, keep))  # the stack chosen at build: plain, U-net, dropping
+        if hidden is not None:
+            hidden[-1] = x  # the last block's output, normalised: last_hidden_state, as transformers' models give it
+        out = BaseModelOutput(last_hidden_state=x, hidden_states=None if hidden is None else tuple(hidden),
+                              attentions=None if attentions is None else tuple(attentions))
+        return as_requested(out, return_dict, config)
 
-    def embed(self, input_ids, past: int, where) -> torch.Tensor:
-        """Token embeddings plus the position table's rows (where the scheme has one), normalised and projected."""
-        x = self.tokens(input_ids)
-        pos = self.positions(input_ids.shape[1], past, None if where is None else where.ids)
+    @staticmethod
+    def token_ids(input_ids):
+        if input_ids is None:
+            raise ValueError("arch.value_embeddings reads the token ids: pass input_ids, not inputs_embeds")
+        return input_ids
+
+    def embed(self, input_ids, past: int, where, inputs_embeds=None) -> torch.Tensor:
+        """Token embeddings (or the given inputs_embeds) plus the position table's rows (where the scheme has one),
+        normalised and projected."""
+        x = self.tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        pos = self.positions(x.shape[1], past, None if where is None else where.ids)
         if pos is not None:
             x = x + pos.to(x.dtype)
         return self.embedding_project(self.dropout(self.embedding_norm(x)))
@@ -187,16 +243,20 @@ class CrammedModel(CrammedPreTrainedModel):
 
 
 class CrammedForMaskedLM(CrammedPreTrainedModel):
-    """Encoder + MLM decoder (tied to the token embeddings).
+    """Encoder + MLM decoder (tied to the token embeddings). `logits` are (batch, seq, vocab), as for any masked LM.
 
-    With `sparse_prediction` and labels given, only masked positions (label != -100) go through the
-    decoder, and `logits` holds just those rows: the vocabulary projection is most of an MLM step's
-    compute at small widths, and 75 % of it is wasted on unmasked tokens otherwise.
+    The pretraining objective calls it with `pretraining=True`: then, with labels, only the masked positions
+    (label != -100) go through the decoder and `logits` holds just those rows (arch.sparse_prediction: the vocabulary
+    projection is most of an MLM step's compute at small widths, and 75 % of it is wasted on unmasked tokens
+    otherwise), and arch.token_dropping drops tokens from the middle layers.
     """
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
     drops_tokens = True  # arch.token_dropping: its training forward chooses the tokens the middle layers see
     pipeline_tag = "fill-mask"
+    # What a checkpoint pretrained with this head adds to config.json's auto_map (AUTO_MAP holds the ones every
+    # model has): the Auto classes a checkpoint serves are those of its objective.
+    extra_auto_map = {"AutoModelForMaskedLM": "modeling_crammed.CrammedForMaskedLM"}
 
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
@@ -221,31 +281,37 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     def set_output_embeddings(self, value):
         self.decoder = value
 
-    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, document_ids=None,
-                **unused) -> MaskedLMOutput:
-        """With arch.token_dropping, a training forward with labels drops tokens from the middle layers and moves
-        the importance averages by its per-token losses; every other forward sees the whole sequence.
-        document_ids: CrammedModel's (data.document_masking)."""
-        dropping = self.token_importance is not None and self.training and labels is not None
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, document_ids=None,
+                pretraining: bool = False, num_items_in_batch=None, **kwargs) -> MaskedLMOutput:
+        """CrammedModel.forward's arguments; labels: the original ids at the masked positions, -100 elsewhere.
+        pretraining: the objective's forward (the class docstring). document_ids: data.document_masking's."""
+        dropping = pretraining and self.token_importance is not None and self.training and labels is not None
         keep = self.token_importance.choose(input_ids, attention_mask) if dropping else None
-        hidden = self.encoder(input_ids, attention_mask, keep=keep, document_ids=document_ids).last_hidden_state
+        out = self.encoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                           return_dict=True, keep=keep, document_ids=document_ids)
+        hidden, loss = out.last_hidden_state, None
         if labels is None:
-            return MaskedLMOutput(logits=head_logits(self.transform(hidden), self.decoder, self.config.logit_softcap,
-                                                     self.logit_multiplier))
-        if self.config.sparse_prediction:
-            labels = labels.reshape(-1)
-            selected = labels != -100
-            hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
-            labels = labels[selected]
-        loss_fn = LOSSES.get_or_explain(self.config.loss_impl)
-        head = (self.transform(hidden), self.decoder, labels, self.training, self.config.logit_softcap,
-                self.logit_multiplier)
-        if not dropping:
-            loss, logits = loss_fn(*head)
+            logits = head_logits(self.transform(hidden), self.decoder, self.config.logit_softcap,
+                                 self.logit_multiplier)
         else:
-            loss, logits, token_losses = loss_fn.per_token(*head)
-            self.token_importance.update(labels, token_losses)
-        return MaskedLMOutput(loss=loss, logits=logits)
+            if pretraining and self.config.sparse_prediction:
+                labels = labels.reshape(-1)
+                selected = labels != -100
+                hidden = hidden.reshape(-1, hidden.shape[-1])[selected]
+                labels = labels[selected]
+            loss_fn = LOSSES.get_or_explain(self.config.loss_impl)
+            head = (self.transform(hidden), self.decoder, labels, self.training, self.config.logit_softcap,
+                    self.logit_multiplier)
+            if not dropping:
+                loss, logits = loss_fn(*head)
+            else:
+                loss, logits, token_losses = loss_fn.per_token(*head)
+                self.token_importance.update(labels, token_losses)
+            loss = summed_over(loss, labels, num_items_in_batch)
+        return as_requested(MaskedLMOutput(loss=loss, logits=logits, **encoder_outputs(out)), return_dict,
+                            self.config)
 
 
 class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
@@ -260,6 +326,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
 
     _tied_weights_keys = {"decoder.weight": "encoder.tokens.weight"}
     pipeline_tag = "text-generation"
+    extra_auto_map = {"AutoModelForCausalLM": "modeling_crammed.CrammedForCausalLM"}  # CrammedForMaskedLM's note
 
     def __init__(self, config: CrammedConfig):
         if not config.causal:
@@ -289,7 +356,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
         inputs = {"attention_mask": attention_mask, "logits_to_keep": logits_to_keep}
         if use_cache is False or cache_problem(self.config) is not None:
             return {**inputs, "input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
-        cache = kwargs.get(CACHE_KEY)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         cache = cache if cache is not None else DynamicCache(config=self.config)
         past = cache.get_seq_length()
         return {**inputs, "input_ids": input_ids[:, past:], CACHE_KEY: cache, "use_cache": True,
@@ -306,26 +373,33 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
             return None
         return cache if cache is not None else DynamicCache(config=self.config)
 
-    def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, logits_to_keep=0,
-                position_ids=None, return_dict=None, document_ids=None, **kwargs) -> CausalLMOutputWithPast:
-        """With `use_cache=True` or a cache given (under the name transformers uses, kv_cache.CACHE_KEY), the
-        cache is filled and returned; input_ids are then the tokens after the cached ones. logits_to_keep: the
-        last positions whose logits are computed (0: all); generate asks for 1, sparing the vocabulary projection
-        of every other position, with or without a cache. position_ids, document_ids: CrammedModel.forward's."""
-        cache = self.cache_to_use(kwargs.get(CACHE_KEY), use_cache)
-        hidden = self.encoder(input_ids, attention_mask, cache=cache, position_ids=position_ids,
-                              document_ids=document_ids).last_hidden_state
-        if labels is None:
+    def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, logits_to_keep=0,
+                position_ids=None, inputs_embeds=None, cache=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, document_ids=None, shift_labels=None, num_items_in_batch=None,
+                past_key_values=None, **kwargs) -> CausalLMOutputWithPast:
+        """With `use_cache=True` or a cache given (`cache`, or its older name past_key_values), the cache is filled
+        and returned; input_ids are then the tokens after the cached ones. logits_to_keep: the last positions whose
+        logits are computed (0: all); generate asks for 1, sparing the vocabulary projection of every other position,
+        with or without a cache. labels: position t is scored against labels[t + 1], as transformers' causal LMs do;
+        shift_labels: the targets already aligned with the positions (labels is then not shifted, nor needed).
+        The rest: CrammedModel.forward's."""
+        cache = self.cache_to_use(given_cache(cache, past_key_values), use_cache)
+        out = self.encoder(input_ids, attention_mask, cache=cache, position_ids=position_ids,
+                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                           output_hidden_states=output_hidden_states, return_dict=True, document_ids=document_ids)
+        hidden, loss = out.last_hidden_state, None
+        if labels is None and shift_labels is None:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = head_logits(hidden[:, keep], self.decoder, self.config.logit_softcap, self.logit_multiplier)
-            return CausalLMOutputWithPast(logits=logits, **{CACHE_KEY: cache})
-        # Position t predicts token t + 1; the last position predicts nothing (-100). Shift the targets, not the
-        # logits: a slice of the (batch, seq, vocab) logits is copied forward and gets a zero-filled full-size
-        # gradient backward, a tenth of a small model's CPU step.
-        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-        loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(hidden, self.decoder, targets, self.training,
-                                                                     self.config.logit_softcap, self.logit_multiplier)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
+        else:
+            # Shift the targets, not the logits: a slice of the (batch, seq, vocab) logits is copied forward and
+            # gets a zero-filled full-size gradient backward, a tenth of a small model's CPU step.
+            targets = shift_labels if shift_labels is not None else F.pad(labels[:, 1:], (0, 1), value=-100)
+            loss, logits = LOSSES.get_or_explain(self.config.loss_impl)(
+                hidden, self.decoder, targets, self.training, self.config.logit_softcap, self.logit_multiplier)
+            loss = summed_over(loss, targets, num_items_in_batch)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache}, **encoder_outputs(out))
+        return as_requested(output, return_dict, self.config)
 
 
 def pooled_token(hidden, attention_mask, causal: bool):
@@ -340,30 +414,69 @@ def pooled_token(hidden, attention_mask, causal: bool):
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
+class ClassificationHead(nn.Module):
+    """BERT's pooler (dense + tanh) on the pooled token, dropout, then the output layer, as one module named
+    `classifier`: tools that keep a head's new weights by that name (PEFT's default modules_to_save) keep all of them.
+    Heads saved before it held the pooler as `pooler` and the output layer as `classifier` (renamed.HEAD_KEYS)."""
+
+    def __init__(self, config, outputs: int):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.out_proj = nn.Linear(config.hidden_size, outputs)
+
+    def forward(self, pooled):
+        return self.out_proj(self.dropout(torch.tanh(self.dense(pooled))))
+
+
+def classification_loss(logits, labels, config, num_labels: int):
+    """The loss transformers' sequence classifiers take, by config.problem_type, or when it is unset: regression
+    for one label, single-label (cross-entropy) for integer labels, multi-label (a sigmoid per label, labels
+    multi-hot) for float ones."""
+    problem = config.problem_type
+    if problem is None:
+        integer = labels.dtype in (torch.long, torch.int)
+        problem = "regression" if num_labels == 1 else "single_label_classification" if integer else \
+            "multi_label_classification"
+    if problem == "regression":
+        if num_labels == 1:
+            return F.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float() if labels.dim() > 1
+                              else labels.float())
+        return F.mse_loss(logits.float(), labels.float())
+    if problem == "single_label_classification":
+        return F.cross_entropy(logits.float().reshape(-1, num_labels), labels.reshape(-1))
+    if problem == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+    raise ValueError(f"config.problem_type={problem!r}: choose regression, single_label_classification or "
+                     "multi_label_classification")
+
+
 class CrammedForSequenceClassification(CrammedPreTrainedModel):
-    """Encoder + pooler (dense + tanh) + classifier; one label means regression (STS-B). The pooled token is the
-    first ([CLS]) for bidirectional models and the last real one for causal models, the only one that saw all."""
+    """Encoder + pooler (dense + tanh) + classifier (ClassificationHead); config.problem_type picks the loss as in
+    transformers (one label: regression, STS-B). The pooled token is the first ([CLS]) for bidirectional models and
+    the last real one for causal models, the only one that saw all."""
 
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.encoder = CrammedModel(config)
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = ClassificationHead(config, config.num_labels)
+        self._register_load_state_dict_pre_hook(current_head_keys)
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, labels=None, return_dict=None, **unused):
-        hidden = self.encoder(input_ids, attention_mask).last_hidden_state
-        pooled = torch.tanh(self.pooler(pooled_token(hidden, attention_mask, self.config.causal)))
-        logits = self.classifier(self.dropout(pooled))
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels)
-        return SequenceClassifierOutput(loss=loss, logits=logits)
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
+        return super().from_pretrained(*args, key_mapping={**HEAD_KEYS, **(key_mapping or {})}, **kwargs)
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        out = self.encoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                           output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                           return_dict=True)
+        logits = self.classifier(pooled_token(out.last_hidden_state, attention_mask, self.config.causal))
+        loss = None if labels is None else classification_loss(logits, labels, self.config, self.num_labels)
+        return as_requested(SequenceClassifierOutput(loss=loss, logits=logits, **encoder_outputs(out)), return_dict,
+                            self.config)
 
 
 class _Activation(nn.Module):

@@ -26,6 +26,21 @@ def current_keys(state_dict, prefix, *args) -> None:
             state_dict[new] = state_dict.pop(key)
 
 
+# The sequence and multiple-choice heads' pooler and output layer, one `classifier` module since issue 36
+# (modeling_crammed.ClassificationHead): regexes of transformers' key_mapping, anchored at the head's own names.
+HEAD_KEYS = {r"^pooler\.": "classifier.dense.", r"^classifier\.(weight|bias)$": r"classifier.out_proj.\1"}
+
+
+def current_head_keys(state_dict, prefix, *args) -> None:
+    """load_state_dict's pre-hook of those heads: a state dict saved before issue 36 read under the new names."""
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        new = key[len(prefix):]
+        for old, replacement in HEAD_KEYS.items():
+            new = re.sub(old, replacement, new)
+        if prefix + new != key:
+            state_dict[prefix + new] = state_dict.pop(key)
+
+
 # The objectives whose attention was causal when config.json did not yet say `causal` (issue 27): a config without
 # the key reads as these did. New objectives declare the `causal` trait instead (cramming/train/objectives.py), and
 # the configs built for them say so.

@@ -12,6 +12,13 @@ otherwise: every block sees every token).
 from .token_dropping import dropping_layers, gather_tokens, scatter_tokens
 
 
+def recorded(x, ctx):
+    """output_hidden_states: a block's output kept (ctx.hidden_states, a list, when asked for)."""
+    if ctx.hidden_states is not None:
+        ctx.hidden_states.append(x)
+    return x
+
+
 class Stack:
     """Every block in turn, on every token."""
 
@@ -20,7 +27,8 @@ class Stack:
 
     def run(self, model, x, layers: range, at):
         for i in layers:
-            x = model.layers[i](x, at(i))
+            ctx = at(i)
+            x = recorded(model.layers[i](x, ctx), ctx)
         return x
 
 
@@ -30,7 +38,8 @@ class UNetStack(Stack):
     def run(self, model, x, layers: range, at):
         outputs = []
         for i in layers:
-            x = model.layers[i](model.unet(i, x, outputs), at(i))
+            ctx = at(i)
+            x = recorded(model.layers[i](model.unet(i, x, outputs), ctx), ctx)
             outputs.append(x)
         return x
 
@@ -54,8 +63,13 @@ class DroppingStack(Stack):
             y = gather_tokens(model.layers[first](x, at(first)), keep)
         else:
             y = model.layers[first](gather_tokens(x, keep), at(first, kept))
+        record = ctx.hidden_states is not None  # the dropped tokens as they wait, the kept ones updated
+        if record:
+            recorded(scatter_tokens(x, keep, y), ctx)
         for i in self.dropping[1:]:
             y = model.layers[i](y, at(i, kept))
+            if record:
+                recorded(scatter_tokens(x, keep, y), ctx)
         x = scatter_tokens(x, keep, y)
         return self.run(model, x, range(last, len(model.layers)), at)
 

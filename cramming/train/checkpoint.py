@@ -7,12 +7,13 @@ written last inside it, so a folder named `checkpoint` is always whole.
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..card import write_card
 from ..data.tokenizer import for_generation
 from ..engines import Engine
-from ..model import AUTO_MAP
+from ..model import auto_map_of
 from ..registry import copy_into
 
 SUMMARY = "train_summary.json"
@@ -29,13 +30,14 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
     tmp = run_dir / f"{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model = Engine.unwrap(model)
-    model.config.auto_map = {**AUTO_MAP, **getattr(model, "extra_auto_map", {})}  # rtd: AutoModelForPreTraining
+    model.config.auto_map = auto_map_of(model)  # the Auto classes this objective's checkpoint serves
     in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
     try:
         for key, portable in PORTABLE_KERNELS.items():
             if in_use[key] in RUN_ONLY:
                 setattr(model.config, key, portable)
-        model.save_pretrained(tmp, safe_serialization=True)
+        with no_shard_bar():
+            model.save_pretrained(tmp, safe_serialization=True)
     finally:
         for key, value in in_use.items():
             setattr(model.config, key, value)
@@ -51,6 +53,21 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     return final.resolve()
+
+
+@contextmanager
+def no_shard_bar():
+    """transformers draws a "Writing model shards" bar in every save_pretrained: for our one small shard, a bar of
+    noise after every run. Off for our saves only; a user's setting is as it was after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def copy_model_code(auto_map: dict, folder: Path) -> None:

@@ -22,7 +22,8 @@ def heldout_metrics(model, objective, folder, meta, cfg_train, batch_size: int, 
         batch = batch.to(device)
         masked = [objective.batch(ids[None], masks.at(row + i)) for i, ids in enumerate(batch)]
         row += len(batch)
-        inputs = {key: torch.cat([row[key] for row in masked]) for key in masked[0]}
+        inputs = {key: torch.cat([row[key] for row in masked]) if torch.is_tensor(value) else value
+                  for key, value in masked[0].items()}  # tensors joined; a flag (pretraining=True) as it is
         with autocast():
             out = model(**inputs)
         predicted, targets = objective.scored(out, inputs)

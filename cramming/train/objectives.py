@@ -52,7 +52,8 @@ class MaskedLM:
     def batch(self, ids: torch.Tensor, generator) -> dict:
         inputs, labels = mask_tokens(ids, self.mask_prob, self.mask_id, self.vocab_size, self.special,
                                      self.mask_token_share, generator, self.masking, self.context)
-        return {"input_ids": inputs, "labels": labels, **documents_of(ids, self.document_sep)}
+        # pretraining: the head's sparse prediction (arch.sparse_prediction) and token dropping apply
+        return {"input_ids": inputs, "labels": labels, "pretraining": True, **documents_of(ids, self.document_sep)}
 
     @staticmethod
     def scored(out, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:

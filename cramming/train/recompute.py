@@ -11,15 +11,17 @@ from torch.utils.checkpoint import checkpoint
 
 
 def recompute_blocks(model: nn.Module) -> int:
-    """Wrap the forward of every block of every encoder in `model` (the generator's too); returns how many. The
-    module tree and its state dict are unchanged: only the instances' `forward` is replaced."""
+    """Turn on gradient checkpointing in every block of every encoder in `model` (the generator's too), the way
+    transformers' gradient_checkpointing_enable does (the blocks are GradientCheckpointingLayers), with the
+    non-reentrant checkpoint; returns how many blocks it turned on. The module tree and its state dict are
+    unchanged."""
     from ..model.modeling_crammed import CrammedModel
 
     count = 0
     for encoder in {id(m): m for m in model.modules() if isinstance(m, CrammedModel)}.values():
         for block in encoder.layers:
-            if not getattr(block, "recomputed", False):
-                block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-                block.recomputed = True
+            if not block.gradient_checkpointing:
+                block._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+                block.gradient_checkpointing = True
                 count += 1
     return count
