@@ -13,14 +13,6 @@ from .atomic import write_atomic
 CARD = "README.md"
 
 
-def head_of(objective: str):
-    """The class the objective pretrains (its `head`), which says how the hub shows it (`pipeline_tag`) and which
-    Auto class loads it (`_auto_class`, set by register_for_auto_class); None for an objective not registered here."""
-    from .train.objectives import OBJECTIVES
-
-    return OBJECTIVES[objective].head if objective in OBJECTIVES else None
-
-
 def launch_command() -> str:
     """The command that made the run: pretrain.py and its overrides (Hydra's, when it launched the run)."""
     try:
@@ -32,12 +24,13 @@ def launch_command() -> str:
     return " ".join(shlex.quote(a) for a in ["python", "pretrain.py", *overrides])
 
 
-def card_text(summary: dict, evaluations: list[dict] = ()) -> str:
-    """The card of a checkpoint trained as `summary` (train_summary.json) says, with eval.py's results."""
+def card_text(summary: dict, evaluations: list[dict] = (), head=None) -> str:
+    """The card of a checkpoint trained as `summary` (train_summary.json) says, with eval.py's results. head: the
+    class its objective pretrains, which says how the hub shows it (`pipeline_tag`) and which Auto class loads it
+    (`_auto_class`, set by register_for_auto_class); None: a plain AutoModel card."""
     config, data = summary["config"], summary["data"]
     arch = config["arch"]
     objective = arch["objective"]
-    head = head_of(objective)
     pipeline, loader = getattr(head, "pipeline_tag", None), getattr(head, "_auto_class", None) or "AutoModel"
     front = ["---", "library_name: transformers", *([f"pipeline_tag: {pipeline}"] if pipeline else []),
              "tags:", "- cramming", f"- {objective}", "- custom_code", "---", ""]
@@ -104,21 +97,22 @@ def evaluation_lines(evaluations) -> list[str]:
 EVALUATIONS = "eval_results.json"  # eval.py's scores of this folder, one entry per evaluation, oldest first
 
 
-def write_card(folder: Path, summary: dict) -> None:
+def write_card(folder: Path, summary: dict, head=None) -> None:
     evaluations = Path(folder) / EVALUATIONS
     done = json.loads(evaluations.read_text()) if evaluations.is_file() else []
-    write_atomic(Path(folder) / CARD, card_text(summary, done))
+    write_atomic(Path(folder) / CARD, card_text(summary, done, head))
 
 
-def add_evaluation(folder: Path, entry: dict) -> bool:
+def add_evaluation(folder: Path, entry: dict, head_of) -> bool:
     """Add eval.py's scores (benchmark, seeds, scores, comparable, finished_at) to one of our checkpoints' cards,
     kept in its eval_results.json; other folders (a hub model's snapshot) are left alone. Returns whether the card
-    was written."""
+    was written. head_of(objective): the class that objective pretrains (card_text's head)."""
     folder = Path(folder)
     if not (folder / "train_summary.json").is_file() or not (folder / CARD).is_file():
         return False
     evaluations = folder / EVALUATIONS
     done = json.loads(evaluations.read_text()) if evaluations.is_file() else []
     write_atomic(evaluations, json.dumps([*done, entry], indent=2))
-    write_card(folder, json.loads((folder / "train_summary.json").read_text()))
+    summary = json.loads((folder / "train_summary.json").read_text())
+    write_card(folder, summary, head_of(summary["config"]["arch"]["objective"]))
     return True

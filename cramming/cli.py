@@ -10,15 +10,15 @@ import difflib
 import os
 import re
 import sys
-from importlib import resources
-from pathlib import Path
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import EXIT_USER_ERROR
-
-CONF = Path(str(resources.files("cramming.conf")))  # conf/ in a checkout; the installed package's copy otherwise
+from . import config  # noqa: F401  both commands' schema nodes, which conf/pretrain.yaml and conf/eval.yaml compose
+from .errors import EXIT_USER_ERROR  # onto first: importing the schema modules stores them (cramming/schema.py)
+from .eval import config as eval_config  # noqa: F401
+from .renames import renamed_line, renamed_override
+from .schema import CONF, group_options
 
 
 def invocation(command: str) -> str:
@@ -32,11 +32,6 @@ def config_of(command: str) -> str:
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
-def group_options(group: str) -> list[str]:
-    """The options of a config group, read from conf/ (Hydra's own source of them)."""
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
 def groups_help(*names: str) -> str:
     """`${cramming_groups:arch,data}` in a help template: one line per group with its options."""
     width = max(len(g) for g in names)
@@ -46,7 +41,7 @@ def groups_help(*names: str) -> str:
 def keys_help(command: str, *keys: str) -> str:
     """`${cramming_keys:pretrain,budget,seed}` in a help template: those keys' defaults and meanings, read from
     the schema like docs/options.md (cramming/options_doc.py)."""
-    from .options_doc import help_lines
+    from .options_doc import help_lines  # heavy (every registry, torch): only when a help page asks
 
     return help_lines(command, *keys)
 
@@ -56,14 +51,6 @@ if not OmegaConf.has_resolver("cramming_groups"):
     OmegaConf.register_new_resolver("cramming_keys", keys_help)
 
 
-def register_schemas() -> None:
-    """Both commands' schema nodes, which conf/pretrain.yaml and conf/eval.yaml compose onto first: importing the
-    schema modules stores them (cramming/schema.py), so whatever composes through here finds both."""
-    from . import config  # noqa: F401
-    from .eval import config as eval_config  # noqa: F401
-
-
-register_schemas()
 
 
 def _quoted(pattern: str, text: str) -> str | None:
@@ -72,8 +59,6 @@ def _quoted(pattern: str, text: str) -> str | None:
 
 
 def _unknown_key(cause, command: str) -> str:
-    from .renames import renamed_line
-
     key = cause.full_key
     if line := renamed_line(key):  # an old key set in a config file rather than on the command line
         return line
@@ -136,29 +121,6 @@ def _inside_job(err: BaseException) -> bool:
     return False
 
 
-CPU_BATCH = 1024  # train=cpu-smoke uses 64; a CPU step of 1024 sequences takes tens of seconds even for tiny models
-
-
-def cpu_recipe_note(config, device_type: str) -> str | None:
-    """The default recipe ramps the batch towards 8192 sequences: on a CPU a short run then makes a handful of
-    steps, and without this line nothing says why."""
-    train = config.train
-    if device_type != "cpu" or train.batch_size < CPU_BATCH:
-        return None
-    return (f"note: train.batch_size={train.batch_size} is a GPU recipe (the batch grows to it over "
-            f"{train.batch_ramp:.0%} of the budget), so on this CPU each step is slow and a short run makes few "
-            "steps; for CPU runs use train=cpu-smoke (batch 64)")
-
-
-def check_no_missing(cfg) -> None:
-    """`key=???` leaves a value missing, and a merge onto the schema would quietly keep the default instead."""
-    from .errors import UserError
-
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise UserError(f"{missing[0]}=??? leaves the value missing; give {missing[0]}=<value> or drop the override")
-
-
 class _FlagError(Exception):
     """argparse refused one of Hydra's own flags (carried out of its exit so it becomes one line)."""
 
@@ -184,8 +146,6 @@ def flag_problem(argv: list[str]) -> str | None:
 def run_entry(main, command: str) -> None:
     """Call a @hydra.main function; a composition error becomes one `error:` line and exit code 2."""
     from hydra.errors import HydraException
-
-    from .renames import renamed_override
 
     if problem := flag_problem(sys.argv[1:]):
         print(f"error: {problem} ({invocation(command)} --help; Hydra's flags: --hydra-help)", file=sys.stderr)

@@ -12,8 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from .cli import check_no_missing, run_entry
-from .config import load_config
+from .cli import run_entry
 from .engines import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
 from .errors import EXIT_USER_ERROR, UserError, exit_on_user_error
 from .sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job
@@ -53,7 +52,8 @@ def remove_if_bookkeeping(run_dir: Path) -> None:
 @sweep_job  # one line and exit 2 on a user error; in a multirun, failed jobs are recorded and the sweep goes on
 @leaves_nothing_when_refused
 def pretrain_main(cfg) -> float | None:
-    from .pretraining import pretrain
+    from .pretraining import pretrain  # heavy (torch, the model): not for --help or a refused override
+    from .validation import load_config  # heavy (every component, torch): the same
 
     config = load_config(cfg)  # every value checked before any work
     run_dir = HydraConfig.get().runtime.output_dir
@@ -72,7 +72,7 @@ def pretrain_main(cfg) -> float | None:
 def prepare_only(config, run_dir: Path) -> None:
     """data_only=true: the tokenizer and packed sequences in the cache, their folder printed, and no run: the folder
     Hydra made for one holds only its own bookkeeping and goes again (its empty parents too, up to here)."""
-    from .data.prepare import prepare_data
+    from .data.prepare import prepare_data  # heavy (tokenizers, torch): only with data_only=true
 
     folder, _ = prepare_data(config.data)
     remove_if_bookkeeping(run_dir)
@@ -83,8 +83,8 @@ def prepare_only(config, run_dir: Path) -> None:
 @exit_on_user_error
 @leaves_nothing_when_refused
 def eval_main(cfg) -> None:
-    from .eval.config import load_eval_config
-    from .eval.recipe import evaluate
+    from .eval.recipe import evaluate  # heavy (torch, transformers): not for --help
+    from .validation import check_no_missing, load_eval_config  # heavy (every component): the same
 
     check_no_missing(cfg)  # `key=???`
     config = load_eval_config(cfg)  # every value checked before any work

@@ -1,19 +1,15 @@
-"""Typed config schema. Hydra composes the YAML presets in conf/; `load_config` checks the result against
-these dataclasses (unknown keys, wrong types) and then `validate` checks choices and ranges, so a bad value
-stops the run with one line before any data is read or any budget is spent.
+"""The run's typed config schema: dataclasses only, the one place each option's default and rule is declared.
+Hydra composes the YAML presets in conf/ onto them; cramming/validation/ loads the result and checks it (each
+field's declared rule, the chosen components, what spans sections) before any work.
 """
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import OmegaConf
 
-from .errors import UserError
 from .model.arch import ArchConfig, AttentionConfig, LinearArgs  # noqa: F401  the schema lives with the model
-from .registry import invalid
 from .schema import register
 
 
@@ -276,126 +272,3 @@ class PretrainConfig:
 
 LATE_DEFAULTS = {"data.cache_dir": "${cramming_cache:}"}  # read at composition, not import
 register("pretrain_schema", PretrainConfig, late=LATE_DEFAULTS)
-
-
-def load_config(cfg: DictConfig) -> PretrainConfig:
-    """Hydra's composed config -> a validated PretrainConfig, or a UserError naming the bad key."""
-    from .cli import check_no_missing
-    from .plugins import import_plugins
-
-    import_plugins()  # components of your own ($CRAMMING_PLUGINS), registered before the names are checked
-    check_no_missing(cfg)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(PretrainConfig), cfg)
-        config = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        from .renames import renamed_line
-
-        key = getattr(err, "full_key", None)
-        first_line = str(err).splitlines()[0]
-        if line := renamed_line(key):
-            raise UserError(line) from None
-        raise UserError(f"config {key}: {first_line}" if key else f"config: {first_line}") from None
-    validate(config)
-    return config
-
-
-def check_choice(key: str, value, choices) -> None:
-    if value not in choices:
-        raise UserError(f"{key}={value!r} is not a valid option; choose one of: {', '.join(sorted(choices))}")
-
-
-def check(ok: bool, key: str, value, requirement: str) -> None:
-    if not ok:
-        raise UserError(f"{key}={value!r} is invalid: {requirement}")
-
-
-def validate(c: PretrainConfig) -> None:
-    """One walk over the schema (cramming/rules.py): every plain option against the rule its dataclass declares,
-    every option naming registered components against its registry and what the chosen entry refuses, skipping
-    the sections of components not chosen; then the few checks that span sections. The first problem stops."""
-    from . import kernels  # noqa: F401  registers the Triton kernels by name
-    from .rules import schema_problems
-
-    for problem in schema_problems(c):
-        refuse(problem)
-    for problem in across_sections(c):
-        refuse(problem)
-
-
-def across_sections(c: PretrainConfig):
-    """The checks that read more than one option or the machine, lazily: the first one that fails stops."""
-    from .data.local_text import encoding_problem
-    from .data.share import prepared_problem
-    from .engines import settings_problem
-    from .impl import compile_problem
-    from .model import softcap, unet, value_embeddings
-    from .model.inits import zero_init_problem
-    from .model.token_dropping import problem as token_dropping_problem
-    from .train.curriculum import seq_schedule_problem
-    from .train.fp8 import fp8_problem
-    from .train.objectives import OBJECTIVES
-    from .train.schedule import window_schedule_problem
-
-    a, t = c.arch, c.train
-    yield None if c.name.strip() else invalid("name", c.name, "name the run (its folder is outputs/<name>/<date>)")
-    yield None if a.hidden_size % a.num_heads == 0 else invalid(
-        "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
-    yield encoding_problem(c.data.encoding, c.data.encoding_errors)
-    yield prepared_problem(c.data.prepared)
-    for key, extra in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-        wanted = getattr(t, key) not in (False, "off")
-        if wanted and importlib.util.find_spec(extra) is None:
-            yield invalid(f"train.{key}", getattr(t, key), f"needs the {extra} package: pip install 'cramming[{extra}]'")
-    if t.wandb != "off" and not t.wandb_project:
-        yield invalid("train.wandb_project", t.wandb_project, "must not be empty")
-    if t.target_loss is not None and not t.validate_every_minutes:
-        yield invalid("train.target_loss", t.target_loss, "is checked at the periodic validations: also set "
-                      "train.validate_every_minutes (e.g. train.validate_every_minutes=1)")
-    if t.seq_schedule:
-        yield seq_schedule_problem(c)
-    yield microbatch_problem(c)
-    yield settings_problem(c)
-    yield compile_problem(c)
-    yield fp8_problem(c)
-    yield softcap.problem(c)  # the speedrun's options, each checked in its module
-    yield zero_init_problem(c)
-    yield value_embeddings.problem(c)
-    yield unet.problem(c)
-    yield token_dropping_problem(c, getattr(OBJECTIVES.get(a.objective), "head", None))
-    if t.window_schedule:
-        yield window_schedule_problem(c)
-
-
-def microbatch_problem(c: PretrainConfig) -> str | None:
-    i, t = c.impl, c.train
-    if not (i.microbatch_size == "auto" or (isinstance(i.microbatch_size, int) and i.microbatch_size > 0)):
-        return invalid("impl.microbatch_size", i.microbatch_size, "must be a positive integer or auto")
-    if i.microbatch_size == "auto":
-        block = curriculum_block(t.seq_schedule, c.data.seq_length)
-        if t.batch_size % block:
-            return invalid("train.batch_size", t.batch_size, f"must be a multiple of {block} (the curriculum joins "
-                           "that many rows)")
-    elif t.batch_size % microbatch_size(c):
-        return invalid("train.batch_size", t.batch_size, f"must be a multiple of impl.microbatch_size={i.microbatch_size}")
-    return None
-
-
-def refuse(problem: str | None) -> None:
-    """Stop on what a registered component refuses (its `problem`)."""
-    if problem:
-        raise UserError(problem)
-
-
-def curriculum_block(seq_schedule, seq_length: int) -> int:
-    from .train.curriculum import block_rows, stage_factors
-
-    return block_rows(stage_factors(seq_schedule, seq_length)) if seq_schedule else 1
-
-
-def microbatch_size(c: PretrainConfig) -> int | None:
-    """Sequences per forward pass: impl.microbatch_size, or the whole batch when that is smaller; None for auto
-    (decided once the model is built: train/microbatch.py)."""
-    if c.impl.microbatch_size == "auto":
-        return None
-    return min(c.impl.microbatch_size, c.train.batch_size)

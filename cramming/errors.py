@@ -16,6 +16,23 @@ class RunStopped(Exception):
         self.exit_code = exit_code
 
 
+def check(ok: bool, key: str, value, requirement: str) -> None:
+    """Stop, in one line worded as registry.invalid words it, unless `ok`."""
+    if not ok:
+        raise UserError(f"{key}={value!r} is invalid: {requirement}")
+
+
+def check_choice(key: str, value, choices) -> None:
+    if value not in choices:
+        raise UserError(f"{key}={value!r} is not a valid option; choose one of: {', '.join(sorted(choices))}")
+
+
+def refuse(problem: str | None) -> None:
+    """Stop on what a check or a registered component refuses (its `problem`, a line or None)."""
+    if problem:
+        raise UserError(problem)
+
+
 EXIT_UNEXPECTED = 1  # what Python itself exits with on an uncaught exception
 EXIT_USER_ERROR = 2
 

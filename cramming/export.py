@@ -13,6 +13,10 @@ import torch
 from omegaconf import OmegaConf
 
 from .errors import UserError, exit_on_user_error
+from .export_onnx import TOLERANCE, export_onnx
+from .impl import Runtime
+from .model.arch import ArchConfig
+from .pretraining import build_model, count_parameters
 from .renames import moved
 from .train.checkpoint import save_checkpoint
 from .train.resume import MARKER
@@ -22,10 +26,6 @@ from .train.state import load_saved
 def export_step(step: Path, out: Path | None = None) -> Path:
     """Write the step folder `step` as a model folder (default <run>/exported/<step name>); returns it."""
     from transformers import PreTrainedTokenizerFast
-
-    from .impl import Runtime
-    from .model.arch import ArchConfig
-    from .pretraining import build_model, count_parameters
 
     step = Path(step)
     if not (step / MARKER).is_file() or not (step / "state.pt").is_file():
@@ -78,8 +78,6 @@ def main(argv: list[str] | None = None) -> None:
     if not args.onnx:
         print(f"exported: {export_step(args.folder, args.out)}")
         return
-    from .export_onnx import TOLERANCE, export_onnx
-
     folder = args.folder
     if (folder / MARKER).is_file():  # a step folder: its model folder first
         folder = export_step(folder)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from . import model as crammed
 from .errors import UserError
 from .model_code import foreign_code
 
@@ -25,8 +26,6 @@ TOLERANCE = 1e-4  # onnxruntime against PyTorch, on the real tokens of a padded 
 def load_for_export(folder: Path, trust_remote_code: bool = False):
     """The folder's pretraining head (config.json's architectures), built from this cramming's own model classes, or
     with trust_remote_code from the code that came with it; a model that is not a crammed one is refused."""
-    from . import model as crammed
-
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise UserError(f"{folder}: not a model folder (no config.json); give a run's checkpoint/ or an exported step")

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UserError
+from .kernels import HAVE_TRITON  # importing the package registers the Triton kernels by name
+from .model.attention import ATTENTION_KERNELS, kernel_problem
+from .model.rotary import ROTARY_IMPLS
 from .registry import Registry, invalid, listed
 
 # Dense 16-bit tensor-core peaks with fp32 accumulation (what autocast runs: bf16 from compute capability 8.0,
@@ -58,8 +61,6 @@ class Runtime:
 
 def triton_problem(device: torch.device) -> str | None:
     """Why Triton kernels cannot run here, or None. On CPU they run only under the interpreter (tests)."""
-    from .kernels import HAVE_TRITON
-
     if not HAVE_TRITON:
         return "the triton package is not installed (it ships with torch on Linux)"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -70,9 +71,6 @@ def triton_problem(device: torch.device) -> str | None:
 def attention_kernel_problem(name: str, arch, device=None, dtype=None, documents: bool = False) -> str | None:
     """Why attention kernel `name` cannot serve this architecture (on this CUDA device, in this dtype), or None:
     what the kernel computes against what the arch's patterns and positions need, then what its tiles cannot fit."""
-    from . import kernels  # noqa: F401  registers the Triton kernels
-    from .model.attention import ATTENTION_KERNELS, kernel_problem
-
     if arch is None:
         return None
     kernel = ATTENTION_KERNELS[name]
@@ -95,10 +93,6 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
     """`auto` picks the Triton kernels on CUDA when they can serve the model (dtype: the attention inputs', i.e.
     the autocast dtype or fp32), else SDPA, else eager. An explicit choice that cannot serve the run is an error,
     never a silent fallback."""
-    from . import kernels  # noqa: F401  registers the Triton kernels
-    from .model.attention import ATTENTION_KERNELS
-    from .model.rotary import ROTARY_IMPLS
-
     no_triton = triton_problem(device)
 
     def problem(kernel: str) -> str | None:
@@ -151,10 +145,23 @@ def resolve(impl, arch=None, documents: bool = False) -> Runtime:
 
 def fp8_device_problem(fp8, device: torch.device) -> str | None:
     """impl.precision=fp8 against this device: float8 tensor cores from compute capability 8.9 (train/fp8.py)."""
-    from .train.fp8 import device_problem
-
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     return device_problem(fp8, device.type, capability)
+
+
+FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first tensor cores with float8
+
+
+def device_problem(fp8, device_type: str, capability: tuple[int, int] | None) -> str | None:
+    """Float8 matmuls need tensor cores of compute capability 8.9 or later; impl.fp8.emulate runs anywhere."""
+    if fp8.emulate:
+        return None
+    need = "impl.precision=fp8 needs a GPU of compute capability 8.9 or later (Ada, Hopper)"
+    if device_type != "cuda":
+        return f"{need}; this run is on {device_type} (impl.precision=bf16 there, or impl.fp8.emulate=true to test)"
+    if tuple(capability) < FP8_CAPABILITY:
+        return f"{need}; this one is {capability[0]}.{capability[1]} (use impl.precision=bf16)"
+    return None
 
 
 def auto_precision(device: torch.device) -> str:
@@ -214,15 +221,7 @@ def compile_problem(config) -> str | None:
     i = config.impl
     device = None if i.device == "auto" else i.device
     compiled = i.compile if i.compile is not None else (None if device is None else device == "cuda")
-    if problem := compile_mode_problem(i.compile_mode, compiled is not False, i.compile, device):
-        return problem
-    from .engines import ENGINES
-
-    if COMPILE_MODES[i.compile_mode].torch_mode is not None and ENGINES.trait(i.distributed, "compiles_itself"):
-        return invalid("impl.compile_mode", i.compile_mode, f"impl.distributed={i.distributed} compiles the model "
-                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed="
-                       f"{ENGINES.choices('compiles_itself', has=False)}")
-    return None
+    return compile_mode_problem(i.compile_mode, compiled is not False, i.compile, device)
 
 
 def compile_note(config) -> str | None:

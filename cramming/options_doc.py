@@ -18,6 +18,16 @@ from functools import cache
 
 from omegaconf import OmegaConf
 
+from . import kernels  # noqa: F401  registers the Triton kernels by name
+from .config import LATE_DEFAULTS, PretrainConfig
+from .data.local_text import ENCODING_ERRORS
+from .eval.config import EvalRunConfig
+from .eval.kinds import BENCHMARKS
+from .impl import COMPILE_MODES
+from .registry import listed
+from .rules import registry_keys, resolve
+from .schema import CONF, defaults_node, group_options
+
 
 @cache
 def field_help(cls) -> dict[str, str]:
@@ -78,14 +88,6 @@ def components() -> dict[str, tuple]:
     """{key: (registry, extra choices)} for every option that names entries of a registry: the ones the schema
     declares (REGISTRIES, checked by the validation walk), and those checked where they are used (impl.py,
     data/local_text.py), and eval.tasks: every benchmark's task_table."""
-    from . import kernels  # noqa: F401  registers the Triton kernels by name
-    from .config import PretrainConfig
-    from .data.local_text import ENCODING_ERRORS
-    from .eval.benchmarks import BENCHMARKS
-    from .eval.config import EvalRunConfig
-    from .impl import COMPILE_MODES
-    from .rules import registry_keys, resolve
-
     declared = dict(registry_keys(PretrainConfig)) | dict(registry_keys(EvalRunConfig))
     named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
@@ -95,8 +97,6 @@ def components() -> dict[str, tuple]:
 
 def benchmark_tasks(benchmarks) -> dict[str, str]:
     """{task: the line saying which eval.kind runs it}, from each benchmark's task_table (None: names are free)."""
-    from .registry import listed
-
     kinds = {}
     for kind, benchmark in benchmarks.items():
         for task in benchmark.task_table or ():
@@ -163,11 +163,6 @@ def table(rows) -> list[str]:
 
 def schema_defaults():
     """Both commands' schemas with their defaults as Hydra composes them (interpolations unresolved)."""
-    from .config import LATE_DEFAULTS, PretrainConfig
-    from .eval.config import EvalRunConfig
-    from .eval.ner import NER_TASKS
-    from .schema import defaults_node
-
     return (PretrainConfig, defaults_node(PretrainConfig, LATE_DEFAULTS)), (EvalRunConfig, defaults_node(EvalRunConfig))
 
 
@@ -194,8 +189,6 @@ def registries() -> list[str]:
 
 def presets() -> list[str]:
     """Each config group's presets and what they change, read from conf/."""
-    from .cli import CONF, group_options
-
     lines = []
     for group in ("arch", "data", "train", "impl", "eval"):
         lines += ["", f"### `{group}=`", ""]

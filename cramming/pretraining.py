@@ -17,12 +17,12 @@ from . import engines
 from . import impl as impl_
 from .atomic import write_atomic
 from .card import launch_command
-from .cli import cpu_recipe_note
-from .config import PretrainConfig, microbatch_size
+from .config import PretrainConfig
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
 from .engines import env_rank
+from .errors import refuse
 from .kernels import autotune_seconds
 from .model import CrammedConfig
 from .train.averaging import average_final, build_averaging
@@ -35,7 +35,7 @@ from .train.heldout import PeriodicHeldout, heldout_metrics, target_summary
 from .train.init_from import load_source, open_source, with_source_tokenizer
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
-from .train.microbatch import auto_microbatch
+from .train.microbatch import auto_microbatch, microbatch_size
 from .train.nonfinite import NONFINITE
 from .train.objectives import OBJECTIVES, build_objective
 from .train.optim import build_optimizer
@@ -43,6 +43,20 @@ from .train.recompute import recompute_blocks
 from .train.resume import Checkpointer, find_resume, load_checkpoint, resume_folder
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
+from .validation.across import run_problem
+
+CPU_BATCH = 1024  # train=cpu-smoke uses 64; a CPU step of 1024 sequences takes tens of seconds even for tiny models
+
+
+def cpu_recipe_note(config, device_type: str) -> str | None:
+    """The default recipe ramps the batch towards 8192 sequences: on a CPU a short run then makes a handful of
+    steps, and without this line nothing says why."""
+    train = config.train
+    if device_type != "cpu" or train.batch_size < CPU_BATCH:
+        return None
+    return (f"note: train.batch_size={train.batch_size} is a GPU recipe (the batch grows to it over "
+            f"{train.batch_ramp:.0%} of the budget), so on this CPU each step is slow and a short run makes few "
+            "steps; for CPU runs use train=cpu-smoke (batch 64)")
 
 
 def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
@@ -88,6 +102,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     engine = engines.setup(config.impl.distributed, runtime.device.type)
     try:
         engine.check(config, runtime, microbatch_size(config))  # the same on every rank, so all ranks stop
+        refuse(run_problem(config, engine, runtime))  # and what the engine refuses of the other components
         return _pretrain(config, Path(engine.broadcast(str(run_dir))), runtime, engine, setup_start)
     finally:
         engine.close()

@@ -1,9 +1,19 @@
-"""The dataclasses as Hydra's base. conf/pretrain.yaml and conf/eval.yaml compose onto their command's schema
+"""The dataclasses as Hydra's base, and where conf/ lies. conf/pretrain.yaml and conf/eval.yaml compose onto their command's schema
 node first, so every key and every default comes from the dataclasses and a preset in conf/ lists only what
 differs from them (an empty preset such as arch=crammed-bert is the defaults themselves)."""
 
+from importlib import resources
+from pathlib import Path
+
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+
+CONF = Path(str(resources.files("cramming.conf")))  # conf/ in a checkout; the installed package's copy otherwise
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group, read from conf/ (Hydra's own source of them)."""
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
 def defaults_node(cls, late: dict | None = None) -> dict:

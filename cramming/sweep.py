@@ -35,6 +35,8 @@ from hydra.types import RunMode
 
 from .atomic import locked, write_atomic
 from .errors import EXIT_UNEXPECTED, RunStopped, UserError, exit_on_user_error, failure_line
+from .eval.config import EvalConfig
+from .renames import renamed_override
 from .train.signals import EXIT_PREEMPTED
 
 EXIT_SWEEP_FAILED = 1  # a multirun in which at least one job failed
@@ -48,9 +50,8 @@ def eval_after_config(config):
         return None
     from hydra import compose
 
-    from .eval.config import load_eval_config
-    from .eval.recipe import load_tasks
-    from .renames import renamed_override
+    from .eval.recipe import load_tasks  # heavy (torch, transformers): only with eval_after
+    from .validation import load_eval_config  # heavy (every component): the same
 
     if line := renamed_override(config.eval_overrides):
         raise UserError(f"eval_overrides: {line}")
@@ -68,8 +69,6 @@ def eval_after_config(config):
 
 def partial_glue(settings, skipped: dict) -> str | None:
     """Why an evaluation's GLUE average is not the full one (a partial average ranks trials on another scale)."""
-    from .eval.config import EvalConfig
-
     if settings.kind != "glue":
         return f"eval.kind={settings.kind}"
     left_out = [task for task in EvalConfig().tasks if task not in settings.tasks]
@@ -86,7 +85,7 @@ def evaluate_after(eval_config, checkpoint: Path | None, run_dir: Path) -> dict 
     The last weights' results, with the averaged weights' (train.averaging) under `averaged`."""
     if checkpoint is None:
         return None
-    from .eval.recipe import evaluate
+    from .eval.recipe import evaluate  # heavy (torch, transformers): only with eval_after
 
     path = evaluate(replace(eval_config, checkpoint=str(checkpoint)), Path(run_dir) / "eval")
     results = json.loads(Path(path).read_text())

@@ -5,17 +5,31 @@ to test, for an MLM and for a causal configuration; no test of the mixins is opt
 
 import unittest
 
-from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
-                          AutoModelForMultipleChoice, AutoModelForQuestionAnswering,
-                          AutoModelForSequenceClassification, AutoModelForTokenClassification)
-from transformers.models.auto import modeling_auto
-
-from cramming.model import (CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM, CrammedForMultipleChoice,
-                            CrammedForQuestionAnswering, CrammedForSequenceClassification,
-                            CrammedForTokenClassification, CrammedModel)
 from tests.generation.test_utils import GenerationTesterMixin
 from tests.test_configuration_common import ConfigTester
 from tests.test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+from transformers.models.auto import modeling_auto
+
+from cramming.model import (
+    CrammedConfig,
+    CrammedForCausalLM,
+    CrammedForMaskedLM,
+    CrammedForMultipleChoice,
+    CrammedForQuestionAnswering,
+    CrammedForSequenceClassification,
+    CrammedForTokenClassification,
+    CrammedModel,
+)
 
 # What an in-library model gets by being listed in transformers' mappings (the mixins read them by class name).
 AUTO = [(AutoModel, "MODEL_MAPPING_NAMES", CrammedModel),

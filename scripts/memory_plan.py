@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from cramming.config import load_config
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.impl import Runtime
 from cramming.pretraining import build_model
+from cramming.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 # (name, layers, hidden, heads): our recipe, then wider and deeper members of the same family

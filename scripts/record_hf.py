@@ -63,8 +63,8 @@ def linear_with_warmup(fraction: float, warmup: float) -> float:
 
 def validation_measure(train_cfg, folder, meta, batch_size: int):
     """Our validation loss on our validation sequences and masks, for any masked LM: measure(model) -> metrics."""
-    from cramming.train.objectives import build_objective
     from cramming.train.heldout import heldout_metrics
+    from cramming.train.objectives import build_objective
 
     objective = build_objective("mlm", train_cfg, meta, torch.device("cpu"))
     return lambda model: heldout_metrics(model, objective, folder, meta, train_cfg, batch_size,

@@ -11,9 +11,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from cramming import impl as impl_
-from cramming.config import load_config
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.pretraining import build_model
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "init_hashes.json"

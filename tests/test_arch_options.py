@@ -12,10 +12,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from cramming import impl as impl_
-from cramming.config import ArchConfig, load_config
+from cramming.config import ArchConfig
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.model.positions import NoPositions, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
 from cramming.pretraining import build_model
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 BASE = ["arch=crammed-bert-tiny", "arch.num_layers=2", "arch.hidden_size=64", "arch.num_heads=2",

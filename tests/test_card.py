@@ -112,10 +112,11 @@ def test_push_refuses_in_one_line(checkpoint, tmp_path, capsys, args, fragment):
 def test_the_card_asks_the_objectives_head_how_the_hub_shows_and_loads_it(checkpoint, objective, pipeline, loader):
     """pipeline_tag and the Auto class come from the head the objective pretrains, not from a table of names."""
     from cramming.card import card_text
+    from cramming.eval.recipe import objective_head
 
     summary = json.loads((checkpoint / "train_summary.json").read_text())
     summary["config"]["arch"]["objective"] = objective
-    card = card_text(summary)
+    card = card_text(summary, head=objective_head(objective))
     assert front_matter(card).get("pipeline_tag") == pipeline
     assert f"from transformers import AutoTokenizer, {loader}\n" in card
     assert f"model = {loader}.from_pretrained(path, trust_remote_code=True)" in card

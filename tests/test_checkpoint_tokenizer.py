@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from transformers import PreTrainedTokenizerFast
 
-from cramming.config import load_config
 from cramming.data.tokenizer import for_generation, train_tokenizer
 from cramming.pretraining import pretrain
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128", "impl=cpu",

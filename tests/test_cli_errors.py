@@ -97,8 +97,8 @@ def test_missing_value_is_named(override, monkeypatch, capsys):
     """`key=???` would otherwise merge onto the schema as "keep the default", silently."""
     from hydra import compose, initialize_config_dir
 
-    from cramming.config import load_config
     from cramming.errors import UserError
+    from cramming.validation import load_config
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="pretrain", overrides=[override])

@@ -4,10 +4,10 @@ under the current one."""
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from conftest import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_line_error, run_pretrain
 from hydra import compose, initialize_config_dir
 
-from conftest import one_line_error, run_pretrain
-from cramming.config import load_config
 from cramming.errors import UserError
 from cramming.impl import COMPILE_MODES, compile_note
 from cramming.model.modeling_crammed import CrammedPreTrainedModel
 from cramming.pretraining import pretrain
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",

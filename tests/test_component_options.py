@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from test_cli_errors import compose_through_entry
 from test_config import compose_config
 
-from cramming.config import PretrainConfig, load_config
+from cramming.config import PretrainConfig
 from cramming.errors import UserError
 from cramming.model.arch import ArchConfig
 from cramming.model.configuration_crammed import CrammedConfig
@@ -23,6 +23,7 @@ from cramming.renames import RENAMED, moved
 from cramming.rules import registry_keys, schema_problems
 from cramming.train.resume import Checkpointer, find_resume
 from cramming.train.state import TrainState
+from cramming.validation import load_config
 
 
 @pytest.mark.parametrize("old,new", sorted(RENAMED.items()))

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from cramming.config import load_config
 from cramming.errors import UserError
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml")) for group in ("arch", "data", "train", "impl")}

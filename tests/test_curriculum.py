@@ -9,12 +9,12 @@ import torch
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from cramming.config import load_config
 from cramming.data.loader import EndlessOrder
 from cramming.data.packed import PackedTokens
 from cramming.errors import UserError
 from cramming.pretraining import pretrain
 from cramming.train.curriculum import block_rows, factor_at, regroup, sequence_length, stage_factors
+from cramming.validation import load_config
 
 
 def config_for(*overrides):

@@ -15,8 +15,8 @@ from test_distributed import TINY, Distributed, check_distributed, records, stop
 from test_resume import config_for, final_weights, logged_steps, poison  # noqa: F401  (a fixture)
 
 from cramming import pretraining
-from cramming.engines import deepspeed as deepspeed_engine
 from cramming.engines import Torchrun, setup
+from cramming.engines import deepspeed as deepspeed_engine
 from cramming.errors import RunStopped, UserError
 from cramming.impl import resolve
 from cramming.train.resume import MARKER, load_weights

@@ -15,10 +15,10 @@ from conftest import REPO
 from safetensors.torch import load_file
 from test_resume import config_for, logged_steps
 
-from cramming.config import microbatch_size
 from cramming.engines import ENGINES, quiet_hydra_on_other_ranks
 from cramming.errors import UserError
 from cramming.impl import resolve
+from cramming.train.microbatch import microbatch_size
 
 
 def Distributed(name: str, rank: int, world: int):
@@ -26,8 +26,12 @@ def Distributed(name: str, rank: int, world: int):
 
 
 def check_distributed(config, runtime, engine) -> None:
-    """What pretrain() asks the engine before any work."""
+    """What pretrain() asks the engine before any work: its own problem, then what it refuses of the others."""
+    from cramming.errors import refuse
+    from cramming.validation.across import run_problem
+
     engine.check(config, runtime, microbatch_size(config))
+    refuse(run_problem(config, engine, runtime))
 
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
         "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.validation_sequences=16", "data=sanity",
@@ -132,8 +136,8 @@ def test_what_the_engines_cannot_do_is_refused_before_any_work():
         check_distributed(config, runtime, Distributed("ddp", rank=0, world=3))
     with pytest.raises(UserError, match="auto cannot probe a sharded model"):
         check_distributed(config_for(*TINY, "train.max_steps=4", "impl.microbatch_size=auto"), runtime, fsdp)
-    with pytest.raises(UserError, match="muon cannot run under impl.distributed=fsdp2"):
-        check_distributed(config_for(*TINY, "train.max_steps=4", "train.optim.name=muon"), runtime, fsdp)
+    with pytest.raises(UserError, match="muon cannot run under impl.distributed=fsdp2"):  # when the config loads
+        config_for(*TINY, "train.max_steps=4", "train.optim.name=muon", "impl.distributed=fsdp2")
 
 
 def test_outside_torchrun_a_distributed_engine_is_one_clear_error(tmp_path, monkeypatch):

@@ -8,8 +8,8 @@ import pytest
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from cramming.config import load_config
 from cramming.errors import UserError
+from cramming.validation import load_config
 
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]

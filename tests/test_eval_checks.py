@@ -18,16 +18,15 @@ from cramming.eval import recipe as evaluation
 from cramming.eval import tasks as tasks_module
 from cramming.eval.finetune import train_step
 from cramming.eval.tasks import GLUE_SET, GLUE_TASKS
-from cramming.eval.weights import check_safetensors
 from cramming.hub import OFFLINE_VARIABLES
 from cramming.impl import Runtime
-from cramming.train.checkpoint import SUMMARY
+from cramming.train.checkpoint import SUMMARY, check_safetensors
 
 
 def eval_config(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from cramming.eval.config import load_eval_config
+    from cramming.validation import load_eval_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return load_eval_config(compose(config_name="eval", overrides=list(overrides)))

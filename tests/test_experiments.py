@@ -10,13 +10,13 @@ import sys
 from dataclasses import replace
 
 import pytest
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from conftest import REPO
-from cramming.config import load_config
+from cramming.validation import load_config
 
 EXPERIMENTS = REPO / "conf" / "experiment"
 PRESETS = sorted(path.stem for path in EXPERIMENTS.glob("*.yaml"))

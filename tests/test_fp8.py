@@ -92,7 +92,7 @@ def test_a_converted_models_checkpoint_loads_into_a_plain_model(tmp_path, monkey
     from cramming.data.tokenizer import train_tokenizer
     from cramming.train import checkpoint
 
-    monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary: None)  # the card reads a whole run's summary
+    monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary, head=None: None)  # the card reads a whole run's summary
 
     model = CrammedForMaskedLM(CrammedConfig(**SMALL))
     convert_to_fp8(model, Fp8Config(min_elements=0))
@@ -210,7 +210,8 @@ def test_the_fp8_section_is_checked_only_under_fp8():
 
 
 def test_fine_tuning_refuses_fp8():
-    from cramming.eval.config import EvalRunConfig, validate_eval
+    from cramming.eval.config import EvalRunConfig
+    from cramming.validation import validate_eval
 
     config = EvalRunConfig(checkpoint="somewhere")
     config.impl.precision = "fp8"

@@ -9,8 +9,8 @@ import pytest
 from conftest import needs_shared
 
 from cramming.errors import UserError
-from cramming.eval.custom import load_custom_task
 from cramming.eval import tasks
+from cramming.eval.custom import load_custom_task
 from cramming.eval.tasks import GLUE_TASKS, load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue_data"

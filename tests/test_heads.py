@@ -13,18 +13,17 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from cramming.config import load_config
 from cramming.model import (
-    AUTO_MAP,
-    auto_map_of,
     CrammedConfig,
     CrammedForCausalLM,
     CrammedForMaskedLM,
     CrammedForMultipleChoice,
     CrammedForQuestionAnswering,
     CrammedForTokenClassification,
+    auto_map_of,
 )
 from cramming.pretraining import pretrain
+from cramming.validation import load_config
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16}
 HEADS = [CrammedForTokenClassification, CrammedForQuestionAnswering, CrammedForMultipleChoice]

@@ -8,9 +8,17 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cramming.model import (CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM, CrammedForMultipleChoice,
-                            CrammedForQuestionAnswering, CrammedForSequenceClassification,
-                            CrammedForTokenClassification, CrammedModel, auto_map_of)
+from cramming.model import (
+    CrammedConfig,
+    CrammedForCausalLM,
+    CrammedForMaskedLM,
+    CrammedForMultipleChoice,
+    CrammedForQuestionAnswering,
+    CrammedForSequenceClassification,
+    CrammedForTokenClassification,
+    CrammedModel,
+    auto_map_of,
+)
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 32}
 HEADS = [CrammedModel, CrammedForMaskedLM, CrammedForSequenceClassification, CrammedForTokenClassification,

@@ -11,12 +11,12 @@ import torch
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from cramming.config import load_config
 from cramming.errors import UserError
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.pretraining import pretrain
 from cramming.train import microbatch
 from cramming.train.microbatch import CPU_MICROBATCH, auto_microbatch, candidates, largest_fitting, probe_peak
+from cramming.validation import load_config
 
 
 def config_for(*overrides):

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from cramming.model import (
-    AUTO_MAP,
-    auto_map_of,
     CrammedConfig,
     CrammedForCausalLM,
     CrammedForMaskedLM,
     CrammedForSequenceClassification,
+    auto_map_of,
 )
 from cramming.model.positions import POSITIONS
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from cramming.config import TrainConfig, load_config
+from cramming.config import TrainConfig
 from cramming.errors import UserError, exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import ATTENTION_KERNELS, AttentionSpec
@@ -19,6 +19,7 @@ from cramming.model.kv_cache import CACHE_KEY
 from cramming.model.losses import LOSSES, head_logits
 from cramming.model.parametrization import hidden_weights
 from cramming.train.optim import build_optimizer
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 WIDTHS = (32, 64, 128, 256)

@@ -9,12 +9,13 @@ import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from cramming.errors import UserError
-from cramming.eval.config import EvalConfig, EvalRunConfig, validate_eval
 from cramming.eval.benchmarks import BENCHMARKS
+from cramming.eval.config import EvalConfig, EvalRunConfig
 from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
 from cramming.eval.tasks import HubUnreachable
 from cramming.eval.tokens import IGNORED, encode_words, predict_tags, token_loss
+from cramming.validation import validate_eval
 
 TRAIN = """-DOCSTART- -X- -X- O
 

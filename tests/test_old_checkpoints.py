@@ -9,7 +9,7 @@ import textwrap
 import torch
 from safetensors.torch import load_file, save_file
 
-from cramming.model import AUTO_MAP, auto_map_of, CrammedConfig, CrammedForMaskedLM
+from cramming.model import CrammedConfig, CrammedForMaskedLM, auto_map_of
 from cramming.model.renamed import OLD_KEYS, current_key
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16,

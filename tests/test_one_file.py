@@ -15,11 +15,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from cramming import impl as impl_
-from cramming.config import load_config
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.errors import UserError
 from cramming.plugins import VARIABLE, module_name
 from cramming.pretraining import build_model
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SMALL = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=32", "arch.num_heads=2",
@@ -252,8 +252,8 @@ BENCHMARK = '''
 
 def test_a_glue_style_benchmark_is_one_file(one_file, smoke_checkpoint, tmp_path):
     from cramming.eval.benchmarks import BENCHMARKS
-    from cramming.eval.config import load_eval_config
     from cramming.eval.recipe import evaluate
+    from cramming.validation import load_eval_config
 
     one_file(BENCHMARK, BENCHMARKS, "parity")
     overrides = [f"checkpoint={smoke_checkpoint}", "eval.kind=parity", "impl=cpu", "eval.recipe.epochs=1",

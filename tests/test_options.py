@@ -18,7 +18,6 @@ from torch import nn
 
 import cramming.data.loader as loader_module
 from cramming import pretraining
-from cramming.config import load_config
 from cramming.data.tokenizer import train_tokenizer
 from cramming.errors import UserError
 from cramming.model import CrammedForCausalLM
@@ -34,6 +33,7 @@ from cramming.pretraining import pretrain
 from cramming.train.lion import Lion
 from cramming.train.optim import Combined
 from cramming.train.resume import complete_checkpoints
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LR, STEPS = 1e-3, 3  # train.lr of budget-o4, and the steps of every run here

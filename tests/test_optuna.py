@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from omegaconf import OmegaConf
-
 from conftest import REPO
+from omegaconf import OmegaConf
 from test_experiments import SMOKE
 from test_sweep import TINY
 

@@ -32,7 +32,7 @@ def test_the_gpu_batch_recipe_on_a_cpu_is_noted_once(tmp_path):
 def test_the_note_is_only_for_cpus_and_big_batches():
     from types import SimpleNamespace
 
-    from cramming.cli import cpu_recipe_note
+    from cramming.pretraining import cpu_recipe_note
 
     def config(batch):
         return SimpleNamespace(train=SimpleNamespace(batch_size=batch, batch_ramp=0.6))
@@ -134,7 +134,7 @@ def test_our_saves_draw_no_shard_bar_and_leave_the_users_switch_alone(tmp_path, 
     from cramming.train import checkpoint
     from cramming.train.checkpoint import save_checkpoint
 
-    monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary: None)  # the card reads a whole run's summary
+    monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary, head=None: None)  # the card reads a whole run's summary
 
     model = CrammedForMaskedLM(CrammedConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, ffn_size=32))
     tokenizer = train_tokenizer(["the quick brown fox jumps over the lazy dog"] * 20, "wordpiece", 100, 32)

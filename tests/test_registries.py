@@ -4,7 +4,7 @@ schedule is one class plus one registry line, and the model, the attention and c
 import pytest
 import torch
 
-from cramming.config import PretrainConfig, validate
+from cramming.config import PretrainConfig
 from cramming.errors import UserError
 from cramming.eval.finetune import SCHEDULES as FINETUNE_SCHEDULES
 from cramming.model import CrammedConfig, CrammedForMaskedLM
@@ -13,6 +13,7 @@ from cramming.model.patterns import PATTERNS, Local
 from cramming.model.positions import POSITIONS, LearnedPositions, PositionScheme
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.schedule import SCHEDULES
+from cramming.validation import validate
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16,
         "attention_impl": "eager", "hidden_dropout": 0.0, "attention_dropout": 0.0}

@@ -11,21 +11,25 @@ from cramming.config import PretrainConfig
 from cramming.engines import ENGINES
 from cramming.engines.deepspeed import DeepSpeed
 from cramming.engines.deepspeed import problem as deepspeed_problem
-from cramming.model import CrammedConfig, CrammedForMaskedLM
+from cramming.model import CrammedConfig
 from cramming.model.arch import ArchConfig
 from cramming.model.block import BLOCKS, TransformerBlock, cache_problem
 from cramming.model.ffn import FFNS
-from cramming.model.inits import zero_init_problem
-from cramming.model.linear import LINEARS, block_projections
+from cramming.model.linear import LINEARS
 from cramming.model.patterns import PATTERNS, Global
 from cramming.model.positions import POSITIONS, PositionScheme
-from cramming.model.token_dropping import problem as token_dropping_problem
 from cramming.pretraining import build_model
 from cramming.registry import Registry
-from cramming.train.masking import masking_problem
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.optim import OPTIMIZERS
+from cramming.validation.across import (
+    block_projections,
+    engine_optimizer_problem,
+    masking_problem,
+    token_dropping_problem,
+    zero_init_problem,
+)
 
 
 def things() -> Registry:
@@ -101,25 +105,24 @@ def test_token_dropping_asks_the_position_scheme_and_lists_those_that_travel(mon
         """A scheme that does not say its positions travel with the tokens: opt-in, so refused."""
 
     monkeypatch.setitem(POSITIONS, "opaque", Opaque())
-    refused = token_dropping_problem(dropping(position="opaque"), CrammedForMaskedLM)
+    refused = token_dropping_problem(dropping(position="opaque"))
     assert refused == ("arch.token_dropping.keep=0.5 is invalid: needs positions that travel with the tokens "
                        "(learned, none, rotary, scaled-sinusoidal, sinusoidal), not arch.position=opaque")
     monkeypatch.setattr(Opaque, "token_subsets", True)
-    assert token_dropping_problem(dropping(position="opaque"), CrammedForMaskedLM) is None
+    assert token_dropping_problem(dropping(position="opaque")) is None
     monkeypatch.setattr(POSITIONS["rotary"], "token_subsets", False, raising=False)
-    assert "(learned, none, opaque, scaled-sinusoidal, sinusoidal)" in token_dropping_problem(
-        dropping(position="rotary"), CrammedForMaskedLM)
+    assert "(learned, none, opaque, scaled-sinusoidal, sinusoidal)" in token_dropping_problem(dropping(position="rotary"))
 
 
 def test_token_dropping_lists_the_patterns_and_blocks_that_have_the_trait(monkeypatch):
     monkeypatch.setitem(PATTERNS, "everything", Global())
     local = dropping(position="rotary")
     local.arch.attention.pattern = ["local"]
-    assert token_dropping_problem(local, CrammedForMaskedLM).endswith("use everything, global or topk")
+    assert token_dropping_problem(local).endswith("use everything, global or topk")
     gmlp = dropping(position="rotary", layout=["attention", "gmlp"])
-    assert token_dropping_problem(gmlp, CrammedForMaskedLM).endswith("use only attention blocks in arch.layout")
+    assert token_dropping_problem(gmlp).endswith("use only attention blocks in arch.layout")
     monkeypatch.setattr(BLOCKS["gmlp"], "token_subsets", True, raising=False)
-    assert token_dropping_problem(gmlp, CrammedForMaskedLM) is None
+    assert token_dropping_problem(gmlp) is None
 
 
 def test_structured_linear_layers_are_refused_zero_init_by_their_trait(monkeypatch):
@@ -191,19 +194,25 @@ def onebit(optimizer: str) -> PretrainConfig:
 
 
 def test_onebit_adam_stands_in_for_optimizers_with_the_adamw_trait(monkeypatch):
-    assert DeepSpeed.settings_problem(onebit("adamw")) is None
-    assert DeepSpeed.settings_problem(onebit("sgd")).endswith("leave train.optim.name=adamw")
+    assert DeepSpeed.settings_problem(onebit("sgd")) is None  # its own settings are fine; the optimizer is across
+    assert engine_optimizer_problem(onebit("adamw")) is None
+    assert engine_optimizer_problem(onebit("sgd")).endswith("leave train.optim.name=adamw")
     monkeypatch.setattr(OPTIMIZERS["sgd"], "adamw", True, raising=False)
-    assert DeepSpeed.settings_problem(onebit("sgd")) is None
+    assert engine_optimizer_problem(onebit("sgd")) is None
 
 
 def test_deepspeed_asks_whether_the_nonfinite_policy_continues(monkeypatch):
+    """validation.across.run_problem asks the policy's trait and the engine whether it checks every gradient."""
+    from cramming.validation.across import run_problem
+
     config = PretrainConfig()
     config.impl.deepspeed.zero_stage, config.train.nonfinite = 0, "halt"
     bf16 = SimpleNamespace(precision="bf16")
-    assert deepspeed_problem(config, bf16, 8) is None
+    engine = DeepSpeed()
+    assert deepspeed_problem(config, bf16, 8) is None and run_problem(config, engine, bf16) is None
     monkeypatch.setattr(NONFINITE["halt"], "continues", True, raising=False)
-    assert deepspeed_problem(config, bf16, 8).endswith("or train.nonfinite=rollback")
+    assert run_problem(config, engine, bf16).endswith("or train.nonfinite=rollback")
+    assert run_problem(config, engine, SimpleNamespace(precision="fp16")) is None  # fp16's scaler checks them
 
 
 def test_engine_traits_decide_and_list(monkeypatch):

@@ -18,10 +18,10 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from cramming import pretraining
-from cramming.config import load_config
 from cramming.errors import RunStopped, UserError, exit_on_user_error
 from cramming.train.resume import Checkpointer, complete_checkpoints, find_resume
 from cramming.train.state import TrainState
+from cramming.validation import load_config
 
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
         "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.validation_sequences=16", "data=sanity",

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from torch.nn import functional as F
 
 from cramming import pretraining
-from cramming.config import load_config
 from cramming.errors import UserError, exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import SelfAttention
@@ -22,6 +21,7 @@ from cramming.model.fused_loss import linear_cross_entropy
 from cramming.model.losses import LOSSES
 from cramming.model.softcap import soft_cap
 from cramming.train.schedule import window_at
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 HEADS = {"causal": CrammedForCausalLM, "masked": CrammedForMaskedLM}

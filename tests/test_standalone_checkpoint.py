@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cramming.registry
-from cramming.model import AUTO_MAP, auto_map_of, CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
+from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM, auto_map_of
 from cramming.model import registry as model_registry
 
 SHARED = Path(cramming.registry.__file__)

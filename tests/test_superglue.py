@@ -14,10 +14,10 @@ from cramming.cli import CONF
 from cramming.errors import UserError
 from cramming.eval import superglue
 from cramming.eval import superglue_metrics as m
-from cramming.eval.config import load_eval_config
 from cramming.eval.multiple_choice import logistic_loss, softmax_loss
 from cramming.eval.span import SpanPairClassifier
 from cramming.eval.superglue import SUPERGLUE_TASKS, load_superglue_task
+from cramming.validation import load_eval_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "superglue"
 

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import REPO, needs_shared, one_line_error, run_pretrain
 from matplotlib.image import imread
 
-from conftest import REPO, needs_shared, one_line_error, run_pretrain
 from cramming.report import collect_runs, differing_keys
 from cramming.report_plots import labels_for, loss_figure
 

@@ -9,8 +9,8 @@ from test_trainer import Recorder, run
 
 from cramming.config import DataConfig, TrainConfig
 from cramming.data.prepare import prepare_data
-from cramming.train.trainer import Budget
 from cramming.train.heldout import PeriodicHeldout, target_summary
+from cramming.train.trainer import Budget
 
 
 @pytest.fixture(scope="module")

@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_pretrain
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
-
-from conftest import run_pretrain
 from test_resume import NAN_RUN, sigterm_at  # noqa: F401  (the fixture, for the resume test)
 from test_resume import config_for as run_config
-from cramming.config import load_config
+
 from cramming.errors import UserError
-from cramming.model.context import Context
 from cramming.model.configuration_crammed import CrammedConfig
+from cramming.model.context import Context
 from cramming.model.modeling_crammed import CrammedForMaskedLM, CrammedForSequenceClassification
 from cramming.model.rotary import Positions
 from cramming.model.token_dropping import TokenImportance, dropping_layers, kept_only_layers
 from cramming.train.flops import forward_flops_per_token
+from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 VOCAB, SEQ, PAD, CLS, SEP, MASK = 64, 16, 0, 2, 3, 4

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from cramming.config import load_config
-from cramming.engines.base import whole_matrices
 from cramming.errors import UserError
 from cramming.model.block import BLOCKS
 from cramming.train.optim import OPTIMIZERS
+from cramming.validation import load_config
+from cramming.validation.across import engine_optimizer_problem
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -58,6 +58,14 @@ def test_a_fixed_length_block_bounds_the_curriculum(monkeypatch):
 
 
 def test_sharded_engines_ask_whether_the_update_reads_whole_matrices(monkeypatch):
-    assert whole_matrices("muon") and not whole_matrices("adamw") and not whole_matrices("unknown")
+    from cramming.config import PretrainConfig
+
+    def run(optimizer, engine="fsdp2"):
+        config = PretrainConfig()
+        config.impl.distributed, config.train.optim.name = engine, optimizer
+        return engine_optimizer_problem(config)
+
+    assert "cannot run under impl.distributed=fsdp2" in run("muon") and run("adamw") is None
+    assert run("muon", "ddp") is None  # ddp keeps the optimizer state whole
     monkeypatch.setattr(OPTIMIZERS["adamw"], "whole_matrices", True, raising=False)
-    assert whole_matrices("adamw")
+    assert "cannot run under impl.distributed=fsdp2" in run("adamw")

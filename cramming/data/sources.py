@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..registry import Registry, invalid
 from . import hub, local_text
-from .python_docs import default_roots
+from .python_docs import build_corpus, default_roots
 
 SOURCES = Registry("data source")
 
@@ -44,8 +44,6 @@ class PythonDocs:
             return sum(len(json.loads(line)["text"]) for line in fh)
 
     def documents(self) -> Iterator[str]:
-        from .python_docs import build_corpus
-
         if not self.corpus.exists():
             print(f"building the python-docs corpus (up to {self.cap:,} characters) ...", flush=True)
             stats = build_corpus(self.corpus, max_chars=self.cap)

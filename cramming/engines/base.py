@@ -8,18 +8,12 @@ import math
 import torch
 
 from ..errors import UserError
+from ..impl import COMPILE_MODES, compile_note
 
 
 def uncompiled(model):
     """The module torch.compile wrapped, or the model itself."""
     return getattr(model, "_orig_mod", model)
-
-
-def whole_matrices(optimizer: str) -> bool:
-    """Whether train.optim.name's update reads whole matrices (its entry's trait), which a sharded state breaks."""
-    from ..train.optim import OPTIMIZERS  # train.optim imports the engines
-
-    return OPTIMIZERS.trait(optimizer, "whole_matrices")
 
 
 class Engine:
@@ -43,11 +37,32 @@ class Engine:
         """For the model line: empty for one process."""
         return f", {self.name} on {self.world} processes" if self.active else ""
 
-    # ---- what it refuses: its own settings when the config is loaded, the run's when it starts
+    # ---- what it refuses: its own settings when the config is loaded, the run's when it starts; what it refuses of
+    # other components the validation asks through the methods below (cramming/validation/across.py)
     @classmethod
     def settings_problem(cls, config) -> str | None:
         """The engine's own config block (impl.<name>), checked whichever engine is chosen."""
         return None
+
+    @classmethod
+    def sliced_state_problem(cls, config) -> str | None:
+        """Why an optimizer whose update reads whole matrices (Muon) cannot run here, when this engine gives each
+        rank a slice of the optimizer state; None when it keeps the state whole."""
+        return None
+
+    @classmethod
+    def replaces_optimizer(cls, config) -> str | None:
+        """The option with which this engine puts an optimizer of its own in AdamW's place, or None."""
+        return None
+
+    def nonfinite_checked(self, config, runtime) -> bool:
+        """Whether every step's gradients are checked for inf/NaN, which train.nonfinite's policies that go on
+        (skip, rollback) need."""
+        return True
+
+    def unchecked_nonfinite_problem(self, config, policy: str, alternatives: list[str]) -> str:
+        return f"train.nonfinite={policy} needs every gradient checked for inf/NaN; use train.nonfinite=" \
+               f"{'|'.join(alternatives)}"
 
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
         batch = config.train.batch_size
@@ -100,16 +115,12 @@ class Engine:
 
     def learn_compile_mode(self, config, runtime) -> None:
         """compile() is called with the model alone: the mode it passes on comes from the run's runtime here."""
-        from ..impl import compile_note
-
         self.compile_mode = runtime.compile_mode
         if runtime.compile and self.main and (note := compile_note(config)):
             print(note, flush=True)
 
     def compile(self, model):
         """The module the loop calls (torch.compile's wrapper); checkpoints keep using `model`."""
-        from ..impl import COMPILE_MODES
-
         return torch.compile(model, mode=COMPILE_MODES[self.compile_mode].torch_mode)
 
     @staticmethod

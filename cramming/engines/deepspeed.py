@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from .base import uncompiled, whole_matrices
+from .base import uncompiled
 from .torchrun import Torchrun
 
 FOLDER = "deepspeed"  # inside a checkpoint: the engine's own files (weights, each rank's optimizer partition)
@@ -43,20 +43,10 @@ def has_onebit_adam() -> bool:
 
 def problem(config, runtime, microbatch: int | None) -> str | None:
     """What this DeepSpeed setup cannot do, in one line, before any work; None when it can run."""
-    ds, train = config.impl.deepspeed, config.train
+    ds = config.impl.deepspeed
     if microbatch is None:
         return ("impl.microbatch_size=auto cannot be used with impl.distributed=deepspeed (DeepSpeed fixes the "
                 "microbatch when the engine is built); give impl.microbatch_size a number")
-    if ds.zero_stage > 0 and whole_matrices(train.optim.name):
-        return (f"train.optim.name={train.optim.name} cannot run under ZeRO: its update reads whole matrices (Muon "
-                "orthogonalises them) and ZeRO gives each rank a slice of the optimizer state; use "
-                "impl.deepspeed.zero_stage=0, or another optimizer")
-    from ..train.nonfinite import NONFINITE  # train imports the engines
-
-    if NONFINITE.trait(train.nonfinite, "continues") and ds.zero_stage == 0 and runtime.precision != "fp16":
-        return (f"train.nonfinite={train.nonfinite} needs DeepSpeed to check the gradients for inf/NaN, which it "
-                "does under ZeRO (impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or "
-                f"train.nonfinite={'|'.join(NONFINITE.lacking('continues'))}")
     if ds.onebit_adam:
         import deepspeed
 
@@ -187,12 +177,30 @@ class DeepSpeed(Torchrun):
         if ds.zero_stage != 0:
             return ("impl.deepspeed.onebit_adam=True is invalid: DeepSpeed's 1-bit Adam does not combine with ZeRO; "
                     "set impl.deepspeed.zero_stage=0")
-        from ..train.optim import OPTIMIZERS  # train imports the engines
-
-        if not OPTIMIZERS.trait(config.train.optim.name, "adamw"):
-            return (f"train.optim.name={config.train.optim.name!r} is invalid: impl.deepspeed.onebit_adam replaces "
-                    f"the optimizer with 1-bit Adam; leave train.optim.name={OPTIMIZERS.choices('adamw')}")
         return None
+
+    @classmethod
+    def replaces_optimizer(cls, config) -> str | None:
+        ds = config.impl.deepspeed
+        chosen = ds.onebit_adam and config.impl.distributed == cls.name and ds.zero_stage == 0
+        return "impl.deepspeed.onebit_adam" if chosen else None
+
+    @classmethod
+    def sliced_state_problem(cls, config) -> str | None:
+        if config.impl.deepspeed.zero_stage == 0:
+            return None
+        return (f"train.optim.name={config.train.optim.name} cannot run under ZeRO: its update reads whole matrices "
+                "(Muon orthogonalises them) and ZeRO gives each rank a slice of the optimizer state; use "
+                "impl.deepspeed.zero_stage=0, or another optimizer")
+
+    def nonfinite_checked(self, config, runtime) -> bool:
+        """DeepSpeed checks the gradients for inf/NaN under ZeRO, or with fp16's loss scaler."""
+        return config.impl.deepspeed.zero_stage > 0 or runtime.precision == "fp16"
+
+    def unchecked_nonfinite_problem(self, config, policy: str, alternatives: list[str]) -> str:
+        return (f"train.nonfinite={policy} needs DeepSpeed to check the gradients for inf/NaN, which it does under "
+                "ZeRO (impl.deepspeed.zero_stage=1 or 2) or fp16 only; use one of those, or "
+                f"train.nonfinite={'|'.join(alternatives)}")
 
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
         return problem(config, runtime, microbatch) or super().problem(config, runtime, microbatch)

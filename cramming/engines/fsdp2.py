@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .base import uncompiled, whole_matrices
+from .base import uncompiled
 from .torchrun import Torchrun
 
 
@@ -21,11 +21,13 @@ class FSDP2(Torchrun):
     state_folder = "sharded"
     shards_weights = True
 
+    @classmethod
+    def sliced_state_problem(cls, config) -> str | None:
+        return (f"train.optim.name={config.train.optim.name} cannot run under impl.distributed=fsdp2: its update "
+                "reads whole matrices (Muon orthogonalises them) and FSDP2 gives each rank a shard; use ddp, or "
+                "another optimizer")
+
     def problem(self, config, runtime, microbatch: int | None) -> str | None:
-        if whole_matrices(name := config.train.optim.name):
-            return (f"train.optim.name={name} cannot run under impl.distributed=fsdp2: its update reads whole "
-                    "matrices (Muon orthogonalises them) and FSDP2 gives each rank a shard; use ddp, or another "
-                    "optimizer")
         if runtime.precision == "fp16":
             return ("impl.precision=fp16 is not supported with impl.distributed=fsdp2 (its grad scaler would "
                     "see only this rank's shard); use bf16")

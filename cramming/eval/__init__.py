@@ -1,1 +1,2 @@
-"""GLUE evaluation: task data (local glue_data/ TSVs or the hub), a user-defined task, and the metrics."""
+"""Evaluation's components: the benchmarks `eval.kind` names, their tasks' readers, the heads that fine-tune them and
+the metrics (registered in one place: kinds.py); the recipe that runs them is recipe.py."""

@@ -1,7 +1,7 @@
 """What `eval.kind` names: one registered object per benchmark, carrying its task list, loader, average and
 table, so the recipe (recipe.py) is the same for all of them."""
 
-from ..config import check, check_choice
+from ..errors import check, check_choice
 from ..registry import Registry
 from . import superglue_metrics
 from .custom import load_custom_task
@@ -106,7 +106,3 @@ class Custom(Glue):
     def summarise(self, scores: dict, e) -> dict | None:
         return None
 
-
-
-# Each other benchmark lives in its own module and registers itself here.
-from . import harness, ner, squad, swag_race, zero_shot  # noqa: F401

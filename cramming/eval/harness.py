@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import check
-from ..errors import UserError
+from ..errors import UserError, check
 from .benchmarks import BENCHMARKS
 from .config import LmEvalOptions
 from .finetune import HEADS

@@ -21,15 +21,14 @@ from ..atomic import write_atomic
 from ..card import add_evaluation, without_paths
 from ..errors import UserError
 from ..hub import model_folder, refuse_foreign_code
-from ..train.checkpoint import SUMMARY, is_complete
+from ..train.checkpoint import SUMMARY, check_weights, is_complete
+from ..train.objectives import OBJECTIVES
 from ..train.resume import MARKER as RESUME_MARKER
-from . import multiple_choice, span  # noqa: F401  register the SuperGLUE heads (finetune.HEADS)
 from .benchmarks import BENCHMARKS
 from .config import EvalRunConfig, recipe_for
 from .finetune import HEADS, finetune, steps_per_run
 from .results import append_csv, markdown_table, score_key, seed_statistics
 from .tasks import HubUnreachable
-from .weights import check_weights
 
 # eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
 # of a capped run fine-tunes on the same examples, so their scores differ by the fine-tuning alone.
@@ -230,6 +229,11 @@ def run_models(config, checkpoint, tokenizer, tasks, runtime, run_dir: Path) -> 
     return results, table_rows, predictions
 
 
+def objective_head(objective: str):
+    """The class an objective pretrains (the card's head), or None for one not registered here."""
+    return getattr(OBJECTIVES.get(objective), "head", None)
+
+
 def card_entry(config, results: dict, scores: dict) -> dict:
     """What the model card says of this evaluation: the benchmark and its kind, each task's data by what it is (a
     hub id, or a folder's or file's name), its metric, the seeds, and whether published scores compare."""
@@ -260,7 +264,7 @@ def write_results(config, checkpoint, results: dict, table_rows: dict, predictio
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in results["skipped"].items():
         print(f"(skipped {name}: {reason})")
-    if add_evaluation(checkpoint, card_entry(config, results, table_rows["pretrained"])):
+    if add_evaluation(checkpoint, card_entry(config, results, table_rows["pretrained"]), objective_head):
         print(f"model card: {checkpoint / 'README.md'} (with these scores)", flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()

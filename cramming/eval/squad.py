@@ -13,8 +13,7 @@ from functools import partial
 import torch
 from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-from ..config import check
-from ..errors import UserError
+from ..errors import UserError, check
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .benchmarks import BENCHMARKS, _check_task_list

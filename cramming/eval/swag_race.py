@@ -12,8 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from ..config import check
-from ..errors import UserError
+from ..errors import UserError, check
 from .benchmarks import BENCHMARKS, Glue, _check_task_list
 from .choice_head import ChoiceExample
 from .tasks import TaskData, load_hub

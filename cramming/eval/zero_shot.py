@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..config import check
-from ..errors import UserError
+from ..errors import UserError, check
 from .finetune import HEADS, collate
 from .jsonl import json_objects
 from .tasks import TaskData

@@ -22,6 +22,9 @@ import sys
 import tempfile
 import time
 
+from . import flash_kernels, rotary
+from .tuning import CONFIGS, SHARED_PER_BLOCK, block_d_of, fitting, shared_bytes, shared_memory_problem
+
 DTYPES = {"bf16": ("bf16", 2), "fp16": ("fp16", 2), "fp32": ("fp32", 4)}
 TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 POINTERS = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ", "x_ptr", "out_ptr"}
@@ -68,8 +71,6 @@ def compile_job(job: dict) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from . import flash_kernels, rotary
-
     fn = {"fwd": flash_kernels._attn_fwd, "dkdv": flash_kernels._attn_bwd_dkdv, "dq": flash_kernels._attn_bwd_dq,
           "delta": flash_kernels._attn_bwd_delta, "rotary": rotary._rotary_kernel}[job["kernel"]]
     signature, attrs = _signature(fn, DTYPES[job["dtype"]][0], job["constexprs"])
@@ -87,8 +88,6 @@ def compile_job(job: dict) -> dict:
 def attention_jobs(arch, dtype, head_dim, every):
     """The configs to compile for one (arch, dtype, head dim), or the router's refusal."""
     import torch
-
-    from .tuning import CONFIGS, SHARED_PER_BLOCK, block_d_of, fitting, shared_bytes, shared_memory_problem
 
     limit, elt, block_d = SHARED_PER_BLOCK[arch], DTYPES[dtype][1], block_d_of(head_dim)
     problem = shared_memory_problem(head_dim, getattr(torch, TORCH_DTYPE[dtype]), limit)
@@ -144,8 +143,6 @@ def main(argv=None) -> int:
         print("error: TRITON_INTERPRET=1 is set, so the kernels are built for the interpreter; unset it",
               file=sys.stderr)
         return 2
-    from .tuning import SHARED_PER_BLOCK
-
     archs, dtypes, head_dims = args.arch.split(","), args.dtypes.split(","), args.head_dims.split(",")
     bad = ([f"--arch {a}" for a in archs if a not in map(str, SHARED_PER_BLOCK)]
            + [f"--dtypes {d}" for d in dtypes if d not in DTYPES]

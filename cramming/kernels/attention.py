@@ -19,8 +19,8 @@ import torch
 
 from ..model.attention import attention_kernel
 from ..model.masks import AttentionSpec
-from .flash_kernels import triton  # None where Triton is not installed
 from . import tuning
+from .flash_kernels import triton  # None where Triton is not installed
 from .tuning import add_autotune_seconds, shared_limit, shared_memory_problem
 
 if triton is not None:

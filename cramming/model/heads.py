@@ -12,8 +12,14 @@ from torch.nn import functional as F
 from transformers.modeling_outputs import MultipleChoiceModelOutput, QuestionAnsweringModelOutput, TokenClassifierOutput
 
 from .configuration_crammed import CrammedConfig
-from .modeling_crammed import (ClassificationHead, CrammedModel, CrammedPreTrainedModel, as_requested,
-                               encoder_outputs, pooled_token)
+from .modeling_crammed import (
+    ClassificationHead,
+    CrammedModel,
+    CrammedPreTrainedModel,
+    as_requested,
+    encoder_outputs,
+    pooled_token,
+)
 from .renamed import HEAD_KEYS, current_head_keys
 
 

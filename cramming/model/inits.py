@@ -6,9 +6,8 @@ A scheme reads the width it is given, never config.hidden_size: arch.parametriza
 supplies the width dependence, so a width-dependent scheme (`small`) composes with mup: hidden variance 1 / fan_in,
 embeddings constant across widths. `normal` and `megatron-scaled` do not depend on the width."""
 
-from .linear import LINEARS
 from .parametrization import parametrization
-from .registry import Registry, invalid
+from .registry import Registry
 
 INITS = Registry("init")
 
@@ -53,12 +52,3 @@ def init_std(config, module) -> float:
     return chosen.hidden_std(config, std) if getattr(module, "hidden_matrix", False) else std
 
 
-def zero_init_problem(config) -> str | None:
-    """arch.zero_init_out (config: a PretrainConfig) zeroes dense projections only: a structured layer's output is a
-    product of factors, and zero factors would give each other zero gradients for ever."""
-    a = config.arch
-    if a.zero_init_out and LINEARS.trait(a.linear, "structured") and a.linear_on:
-        return invalid("arch.zero_init_out", True, f"needs dense projections, and arch.linear={a.linear} is a "
-                       "product of factors (all zero, none would get a gradient); use "
-                       f"arch.linear={LINEARS.choices('structured', has=False)}")
-    return None

@@ -15,8 +15,12 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import (BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput,
-                                           SequenceClassifierOutput)
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
 
 from .block import BLOCKS, cache_problem
 from .configuration_crammed import CrammedConfig

@@ -21,7 +21,7 @@ At m = 1 muP is the standard parametrization exactly: same init, learning-rate g
 
 import math
 
-from .registry import Registry, invalid
+from .registry import Registry
 
 PARAMETRIZATIONS = Registry("parametrization", traits={
     "needs_normalised_updates": "its learning-rate table is Adam's: optimizers with per-coordinate normalised steps",
@@ -87,22 +87,6 @@ class Mup(Standard):
     def hidden_lr_factor(self, config) -> float:
         return 1.0 / self.width_multiplier(config)
 
-    def problem(self, config) -> str | None:
-        """What muP is not defined for here (config: a PretrainConfig; the optimizer: train/optim.py)."""
-        from .block import BLOCKS  # block -> attention -> this module
-        from .linear import LINEARS
-
-        a = config.arch
-        if LINEARS.trait(a.linear, "structured") and a.linear_on:
-            dense = LINEARS.choices("structured", has=False)
-            return invalid("arch.linear", a.linear, "arch.parametrization=mup needs dense projections (a structured "
-                           f"layer's factors have no single fan-in); use arch.linear={dense}")
-        unscaled = [kind for kind in dict.fromkeys(a.layout) if not BLOCKS.trait(kind, "width_scaled")]
-        if unscaled:
-            return invalid("arch.layout", a.layout, f"arch.parametrization=mup does not scale {', '.join(unscaled)} "
-                           "blocks (gMLP's spatial gate has the sequence as fan-in, not the width); use only "
-                           f"{', '.join(BLOCKS.having('width_scaled'))} blocks")
-        return None
 
 
 def parametrization(config):

@@ -4,17 +4,9 @@ wherever the head's logits are made: the inference outputs, the plain loss and t
 
 import torch
 
-from .registry import invalid
-
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     """`cap * tanh(logits / cap)`, or the logits themselves when cap is None (off)."""
     return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
-def problem(config) -> str | None:
-    """arch.logit_softcap (config: a PretrainConfig): a positive cap or null."""
-    cap = config.arch.logit_softcap
-    if cap is not None and not cap > 0:
-        return invalid("arch.logit_softcap", cap, "must be > 0 (the bound on the logits) or null (off)")
-    return None

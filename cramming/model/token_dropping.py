@@ -34,8 +34,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .registry import invalid
-
 
 def split(config) -> tuple[int, int]:
     """[first, last) as configured, or the reference's [L // 2 - 1, L - 1) (config: a CrammedConfig or ArchConfig)."""
@@ -122,41 +120,3 @@ def scatter_tokens(full: torch.Tensor, keep: torch.Tensor, kept: torch.Tensor) -
     return full.scatter(1, index, kept.to(full.dtype))
 
 
-def problem(config, head) -> str | None:
-    """What arch.token_dropping refuses (config: a PretrainConfig; head: the objective's pretraining model class,
-    which must drop tokens, `drops_tokens`); positions, patterns and blocks answer by their `token_subsets`."""
-    from .block import BLOCKS
-    from .patterns import PATTERNS
-    from .positions import POSITIONS
-
-    a = config.arch
-    drop = a.token_dropping
-    if drop.keep is None or drop.keep >= 1.0:
-        return None
-    key = "arch.token_dropping.keep"
-    if head is None or not head.drops_tokens:
-        return invalid(key, drop.keep, f"drops tokens in MLM pretraining only, not arch.objective={a.objective}; "
-                       "set arch.objective=mlm or arch.token_dropping.keep=null")
-    first, last = split(a) if drop.layers is None or len(drop.layers) == 2 else (0, 0)
-    if drop.layers is not None and not 0 <= first < last <= a.num_layers - 1:
-        return invalid("arch.token_dropping.layers", drop.layers,
-                       f"give [first, last) with 0 <= first < last <= arch.num_layers - 1 = {a.num_layers - 1} "
-                       "(the last layer always sees every token)")
-    if first < 0:
-        return invalid("arch.token_dropping.layers", drop.layers, f"the default [num_layers // 2 - 1, num_layers - 1) "
-                       f"is empty at arch.num_layers={a.num_layers}; token dropping needs at least 2 layers")
-    if not POSITIONS.trait(a.position, "token_subsets"):
-        return invalid(key, drop.keep, f"needs positions that travel with the tokens "
-                       f"({', '.join(POSITIONS.having('token_subsets'))}), not arch.position={a.position}")
-    if bad := [p for p in a.attention.pattern if not PATTERNS.trait(p, "token_subsets")]:
-        return invalid(key, drop.keep, f"needs attention patterns whose masks do not follow positions, not "
-                       f"arch.attention.pattern={a.attention.pattern}; use {PATTERNS.choices('token_subsets')}")
-    if bad := [kind for kind in a.layout if not BLOCKS.trait(kind, "token_subsets")]:
-        return invalid(key, drop.keep, f"the {bad[0]} blocks of arch.layout={a.layout} mix a fixed number of "
-                       f"positions; use only {BLOCKS.choices('token_subsets')} blocks in arch.layout")
-    if a.unet_skips:
-        return invalid(key, drop.keep, "cannot run with arch.unet_skips=true (the skips join layers on both sides "
-                       "of the dropping ones); set one of them off")
-    if a.value_embeddings:
-        return invalid(key, drop.keep, f"cannot run with arch.value_embeddings={a.value_embeddings}; set one off")
-    return None

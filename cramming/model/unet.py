@@ -5,8 +5,6 @@ enters block num_layers - 1 - i. Early features reach the late blocks without pa
 import torch
 from torch import nn
 
-from .registry import invalid
-
 
 class UNetSkips(nn.Module):
     def __init__(self, config):
@@ -25,9 +23,3 @@ class UNetSkips(nn.Module):
         return x + self.weights[receiver].to(x.dtype) * outputs[self.num_layers - 1 - index]
 
 
-def problem(config) -> str | None:
-    """arch.unet_skips (config: a PretrainConfig) needs two halves."""
-    if config.arch.unet_skips and config.arch.num_layers < 2:
-        return invalid("arch.unet_skips", True, f"needs arch.num_layers >= 2 (got {config.arch.num_layers}): "
-                       "the first half's outputs feed the second half")
-    return None

@@ -6,8 +6,6 @@ the input tokens reach the late layers' values directly."""
 import torch
 from torch import nn
 
-from .registry import invalid
-
 
 def value_layers(config) -> dict[int, int]:
     """layer index -> table index (config: a CrammedConfig)."""
@@ -45,17 +43,3 @@ class ValueMix(nn.Module):
         return self.weights[0] * v + self.weights[1] * e
 
 
-def problem(config) -> str | None:
-    """arch.value_embeddings (config: a PretrainConfig): tables for the first and last k layers, all attention."""
-    a = config.arch
-    k = a.value_embeddings
-    if k < 0 or 2 * k > a.num_layers:
-        return invalid("arch.value_embeddings", k, f"must be in [0, arch.num_layers / 2 = {a.num_layers // 2}] "
-                       "(table i serves layer i and its mirror among the last layers)")
-    from .block import BLOCKS  # block -> attention -> this module
-
-    if k and not all(BLOCKS.trait(kind, "takes_value_embedding") for kind in a.layout):
-        fits = ", ".join(BLOCKS.having("takes_value_embedding"))
-        return invalid("arch.value_embeddings", k, f"mixes into attention values, and arch.layout={a.layout} has "
-                       f"blocks without attention; use only {fits} blocks in arch.layout or arch.value_embeddings=0")
-    return None

@@ -18,8 +18,8 @@ import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..engines import ENGINES
-from ..registry import Registry
 from ..model.renamed import current_key
+from ..registry import Registry
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")

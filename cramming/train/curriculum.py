@@ -13,7 +13,11 @@ import math
 
 import torch
 
+from ..model.block import BLOCKS
+from ..model.patterns import PATTERNS
+from ..model.positions import POSITIONS
 from ..registry import invalid, listed
+from .microbatch import microbatch_size
 
 
 def stage_factors(seq_schedule, seq_length: int) -> list[tuple[float, int]]:
@@ -54,11 +58,6 @@ def regroup(rows: torch.Tensor, factor: int) -> torch.Tensor:
 
 def seq_schedule_problem(c) -> str | None:
     """The curriculum's stages against the data, the batch and the architecture (c: a PretrainConfig)."""
-    from ..config import microbatch_size
-    from ..model.block import BLOCKS
-    from ..model.patterns import PATTERNS
-    from ..model.positions import POSITIONS
-
     a, d = c.arch, c.data
     key, stages = "train.seq_schedule", c.train.seq_schedule
     fixed_blocks = [kind for kind in dict.fromkeys(a.layout) if BLOCKS.trait(kind, "fixed_length")]

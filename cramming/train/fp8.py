@@ -19,10 +19,10 @@ import re
 
 from torch import nn
 
+from ..engines import ENGINES
 from ..errors import UserError
 from ..registry import invalid
 
-FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first tensor cores with float8
 BLOCK = re.compile(r"(^|\.)layers\.\d+\.")  # a module inside an encoder block (CrammedModel.layers)
 CARRIED = ("hidden_matrix", "residual_output")  # marks set on the layer instance (muP, init) that must survive
 
@@ -80,8 +80,6 @@ def fp8_problem(config) -> str | None:
         return None
     if reason := torchao_problem():
         return invalid("impl.precision", "fp8", reason)
-    from ..engines import ENGINES  # the engines import the trainer's modules
-
     if ENGINES.trait(impl.distributed, "own_precision"):
         return invalid("impl.precision", "fp8", f"impl.distributed={impl.distributed} runs the model in its own "
                        f"precision; use impl.distributed={ENGINES.choices('own_precision', has=False)}, "
@@ -89,13 +87,3 @@ def fp8_problem(config) -> str | None:
     return None
 
 
-def device_problem(fp8, device_type: str, capability: tuple[int, int] | None) -> str | None:
-    """Float8 matmuls need tensor cores of compute capability 8.9 or later; impl.fp8.emulate runs anywhere."""
-    if fp8.emulate:
-        return None
-    need = "impl.precision=fp8 needs a GPU of compute capability 8.9 or later (Ada, Hopper)"
-    if device_type != "cuda":
-        return f"{need}; this run is on {device_type} (impl.precision=bf16 there, or impl.fp8.emulate=true to test)"
-    if tuple(capability) < FP8_CAPABILITY:
-        return f"{need}; this one is {capability[0]}.{capability[1]} (use impl.precision=bf16)"
-    return None

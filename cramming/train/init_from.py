@@ -15,10 +15,12 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer
 from ..errors import UserError
 from ..hub import model_folder
 from ..model.renamed import current_key
 from ..registry import invalid
+from .checkpoint import check_weights
 from .from_bert import bert_layout, bert_weights
 from .resume import MARKER
 from .state import load_saved
@@ -62,8 +64,6 @@ def open_source(value: str, allow_code: bool = False) -> Source:
 def _checkpoint(folder: Path, value: str) -> Source:
     from safetensors.torch import load_file
     from transformers import PreTrainedTokenizerFast
-
-    from ..eval.weights import check_weights
 
     if not (folder / "model.safetensors").is_file():
         raise UserError(invalid(KEY, value, "has no model.safetensors: an incomplete checkpoint"))
@@ -124,12 +124,8 @@ def _bert(folder: Path, value: str) -> Source:
 def with_source_tokenizer(config, source: Source, cache_dir: str):
     """The run config reading its text with the source's tokenizer (data.tokenizer.kind = its saved copy). A
     tokenizer the user named must be the source's vocabulary."""
-    from ..data.tokenizer import TOKENIZER_KINDS
-
     kind = config.data.tokenizer.kind
     if kind not in TOKENIZER_KINDS:
-        from ..data.tokenizer import load_pretrained_tokenizer
-
         if load_pretrained_tokenizer(kind, config.data.seq_length).get_vocab() != source.tokenizer.get_vocab():
             raise UserError(invalid("data.tokenizer.kind", kind, f"is not the vocabulary of {KEY}={source.folder}; "
                                     "leave data.tokenizer.kind at its default to use the source's tokenizer"))

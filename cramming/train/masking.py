@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import Registry, invalid
+from ..registry import Registry
 
 MASKINGS = Registry("masking", traits={
     "reads_words": "it reads the tokenizer's word starts (MaskContext.starts_word)",
+    "grouped": "it masks groups of tokens together (words, spans): only an objective that masks tokens can use it",
     "per_span": "SpanBERT's counting and replacement: ceil(mask_prob x seq_len) positions, and one 80/10/10 draw "
                 "per run of consecutive masked positions (so a span is all [MASK], all random or all kept)",
 })
@@ -29,17 +30,6 @@ class MaskContext:
     starts_word: torch.Tensor | None = None
     span_p: float = 0.2
     span_max_length: int = 10
-
-
-def masking_problem(config) -> str | None:
-    """Whole words and spans need an objective that masks."""
-    from .objectives import OBJECTIVES  # objectives -> this module
-
-    if not OBJECTIVES.trait(config.arch.objective, "masks_tokens"):
-        masking = OBJECTIVES.choices("masks_tokens")
-        return invalid("train.masking", config.train.masking, f"arch.objective={config.arch.objective} masks "
-                       f"nothing; leave train.masking=token (or choose arch.objective={masking})")
-    return None
 
 
 @MASKINGS.register("token")
@@ -61,7 +51,7 @@ def word_ids(input_ids, ctx: MaskContext) -> tuple[torch.Tensor, torch.Tensor]:
     return starts.long().cumsum(1) - 1, special
 
 
-@MASKINGS.register("whole-word", problem=masking_problem, reads_words=True)
+@MASKINGS.register("whole-word", reads_words=True, grouped=True)
 def whole_word_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
     """Words in random order, all of each word's pieces, until `count` tokens: every masked word is whole except
     the last one taken in a row, of which only its first pieces are masked when it does not fit. Vectorised:
@@ -91,7 +81,7 @@ def span_lengths(shape, p: float, max_length: int, generator, device) -> torch.T
     return lengths.clamp_(1, max_length)
 
 
-@MASKINGS.register("span", problem=masking_problem, per_span=True)
+@MASKINGS.register("span", per_span=True, grouped=True)
 def span_positions(input_ids, count: int, ctx: MaskContext, generator) -> torch.Tensor:
     """SpanBERT's: spans with geometric lengths and uniform starts, taken in order until `count` =
     ceil(mask_prob x seq_len) tokens are masked, and each run of masked tokens is then all [MASK], all random or

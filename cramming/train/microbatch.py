@@ -106,3 +106,11 @@ def auto_microbatch(model, config, vocab_size: int, seq_len: int, multiple_of: i
 
 def remembered(cache: Path) -> dict:
     return json.loads(cache.read_text()) if cache.is_file() else {}
+
+
+def microbatch_size(c) -> int | None:
+    """Sequences per forward pass: impl.microbatch_size, or the whole batch when that is smaller; None for auto
+    (decided once the model is built: choose_microbatch)."""
+    if c.impl.microbatch_size == "auto":
+        return None
+    return min(c.impl.microbatch_size, c.train.batch_size)

@@ -9,14 +9,14 @@ import functools
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..model.modeling_crammed import CrammedModel
+
 
 def recompute_blocks(model: nn.Module) -> int:
     """Turn on gradient checkpointing in every block of every encoder in `model` (the generator's too), the way
     transformers' gradient_checkpointing_enable does (the blocks are GradientCheckpointingLayers), with the
     non-reentrant checkpoint; returns how many blocks it turned on. The module tree and its state dict are
     unchanged."""
-    from ..model.modeling_crammed import CrammedModel
-
     count = 0
     for encoder in {id(m): m for m in model.modules() if isinstance(m, CrammedModel)}.values():
         for block in encoder.layers:

@@ -14,9 +14,11 @@ progress 0. A warm-up that started at exactly 0 would make that step a no-op; it
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..model.patterns import PATTERNS
 from ..registry import Registry, invalid
+from .curriculum import sequence_length, stage_factors
 
 SCHEDULES = Registry("schedule", ask=lambda entry, config: run_problem(entry, config))
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
@@ -153,10 +155,6 @@ def window_at(stages, progress: float) -> int:
 def window_schedule_problem(config) -> str | None:
     """train.window_schedule against the attention patterns, the sequence and torch.compile (config: a
     PretrainConfig), or None."""
-    from dataclasses import replace
-
-    from ..model.patterns import PATTERNS
-
     stages, key = config.train.window_schedule, "train.window_schedule"
     if not stages:
         return None
@@ -180,8 +178,6 @@ def window_schedule_problem(config) -> str | None:
 
 def trained_lengths(config) -> list[tuple[int, str]]:
     """(tokens, where the length comes from) of every sequence the run trains on: each window must suit each."""
-    from .curriculum import sequence_length, stage_factors
-
     seq_length = config.data.seq_length
     stages = config.train.seq_schedule
     return [(seq_length, "data.seq_length")] + [(sequence_length(seq_length, k), "a train.seq_schedule stage")

@@ -57,7 +57,7 @@ def compose_config(overrides: list[str]):
     """The validated PretrainConfig that `pretrain.py <overrides>` would run with."""
     from hydra import compose, initialize_config_dir
 
-    from cramming.config import load_config
+    from cramming.validation import load_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return load_config(compose("pretrain", overrides=overrides))

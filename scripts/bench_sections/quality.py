@@ -46,10 +46,10 @@ def train_hf(config, folder: Path, meta: dict, seconds: float) -> tuple[torch.nn
     """BertForMaskedLM trained for `seconds` on our token stream, with our recipe around it."""
     from transformers import BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling
 
-    from cramming.config import microbatch_size
     from cramming.data.loader import train_batches
     from cramming.data.prepare import load_tokenizer
     from cramming.pretraining import seed_everything
+    from cramming.train.microbatch import microbatch_size
     from cramming.train.schedule import SCHEDULES, batch_size_at
 
     arch, cfg = config.arch, config.train
@@ -93,8 +93,8 @@ def train_hf(config, folder: Path, meta: dict, seconds: float) -> tuple[torch.nn
 
 
 def evaluate(model, config, folder: Path, meta: dict) -> dict:
-    from cramming.config import microbatch_size
     from cramming.train.heldout import heldout_metrics
+    from cramming.train.microbatch import microbatch_size
     from cramming.train.objectives import build_objective
 
     objective = build_objective("mlm", config.train, meta, torch.device("cpu"))

@@ -1,0 +1,82 @@
+"""The package's layers (pyproject's [tool.importlinter], drawn in docs/architecture.md): each module imports only from
+the layers below its own, no modules import each other round a cycle, and an import inside a function is kept for a
+heavy dependency of a command only, with its reason on the line."""
+
+import ast
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+PACKAGE = REPO / "cramming"
+MOST_INNER_IMPORTS = 20  # the issue's bound: imports of the package's own modules inside functions
+
+
+def test_the_import_linter_contracts_hold():
+    if shutil.which("lint-imports", path=str(REPO / ".venv" / "bin")) is None and \
+            shutil.which("lint-imports") is None:
+        pytest.skip("import-linter is not installed (the dev extras have it)")
+    done = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                           "lint_imports_command()"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def imports_between_modules() -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, read from the source (top-level and inside functions)."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else name.rsplit(".", 1)[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+                targets |= {f"{module}.{a.name}" for a in node.names} | {module}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("cramming")}
+        graph[name] = targets
+    modules = set(graph)
+    # `from . import x` names the module x when there is one, not its package (which every submodule has imported)
+    return {name: {t for t in targets if t in modules and t != name and not any(u.startswith(t + ".") for u in
+                                                                              targets if u in modules)}
+            for name, targets in graph.items()}
+
+
+def test_no_modules_import_each_other_round_a_cycle():
+    graph = imports_between_modules()
+    seen, on_path, cycles = set(), [], []
+
+    def visit(module):
+        on_path.append(module)
+        for target in sorted(graph[module]):
+            if target in on_path:
+                cycles.append(on_path[on_path.index(target):] + [target])
+            elif target not in seen:
+                visit(target)
+        on_path.pop()
+        seen.add(module)
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module)
+    assert not cycles, " | ".join(" -> ".join(c) for c in cycles[:5])
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    inner = []
+    for path in PACKAGE.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner += [(path, node) for node in ast.walk(fn)
+                          if isinstance(node, ast.ImportFrom) and node.level]
+    assert len(inner) < MOST_INNER_IMPORTS, [f"{p.name}:{n.lineno}" for p, n in inner]
+    for path, node in inner:
+        block = path.read_text().splitlines()[node.lineno - 1:node.end_lineno]
+        assert any("#" in line for line in block), f"{path.relative_to(REPO)}:{node.lineno} says no reason"
