@@ -96,7 +96,7 @@ def one_line_error(result, *fragments):
 # The slow tier: every subprocess pretrain/eval, torchrun, DeepSpeed, Optuna, bench smoke and AOT compile, the
 # record run's smoke mode, the Triton interpreter's kernel checks, and the longest in-process training runs.
 # `pytest -m "not slow"` is the loop to run while developing; .ci/run runs everything.
-SLOW_MODULES = {"test_eval_cli", "test_deepspeed", "test_distributed", "test_optuna", "test_bench",
+SLOW_MODULES = {"test_eval_cli", "test_bench_original", "test_deepspeed", "test_distributed", "test_optuna", "test_bench",
                 "test_bench_kernels", "test_gpu_checks", "test_aot", "test_experiments", "test_pretrain_cli",
                 "test_sweep", "test_cli_errors", "test_help", "test_output", "test_eval_checks",
                 "test_checkpoint_tokenizer", "test_superglue_cli", "test_ner_cli", "test_squad_cli",
