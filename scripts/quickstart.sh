@@ -5,7 +5,7 @@
 # skipped and named. Extra arguments go to pretrain.py, e.g. `bash scripts/quickstart.sh arch=crammed-bert-mini`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh core  # the package alone: the test extras are scripts/test.sh's
 log=$(mktemp)
 .venv/bin/python pretrain.py name=quickstart arch=crammed-bert-tiny train=cpu-smoke budget="${BUDGET:-0.05}" "$@" | tee "$log"
 checkpoint=$(tail -n 1 "$log" | sed -n 's/^checkpoint: //p')
@@ -20,8 +20,9 @@ the record run (python scripts/record.py, about 2 hours on 2 cores): docs/result
 GPU reaches GLUE 78.6.
 NOTE
 echo "GLUE data: ${GLUE_DIR:-the Hugging Face hub (set GLUE_DIR=<glue_data folder> to use local files)}"
-# A smoke-sized fine-tuning (1,000 examples, 2 epochs per task): the scores are marked "not comparable".
-if ! .venv/bin/python eval.py checkpoint="$checkpoint" eval.tasks=[cola,sst2,mrpc,stsb,qnli,rte] \
+# A smoke-sized fine-tuning (1,000 examples, 2 epochs per task; QNLI left out: its dev set of 5,463 long pairs is
+# larger than the other five tasks' together, 4,100): the scores are marked "not comparable".
+if ! .venv/bin/python eval.py checkpoint="$checkpoint" eval.tasks=[cola,sst2,mrpc,stsb,rte] \
      eval.skip_missing=true eval.max_train_examples=1000 eval.recipe.epochs=2; then
   echo "GLUE evaluation skipped: no GLUE task data was reachable (see the error above). The checkpoint is ready:"
   echo "checkpoint: $checkpoint"

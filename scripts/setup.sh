@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install cramming with its test extras. Safe to re-run (fast when all is installed).
+# Create .venv and install cramming: `setup.sh` with its test extras ([dev], for scripts/test.sh), `setup.sh core`
+# the package alone (what the quickstart runs). Safe to re-run (fast when all is installed).
 # torch goes in first, pinned, so nothing later pulls another (multi-GB CUDA) build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +14,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   # to avoid the multi-GB CUDA build that PyPI serves for Linux.
   $PIP install -q "torch==2.13.0"
 fi
-$PIP install -q -e ".[dev]"
+if [ "${1:-dev}" = core ]; then
+  $PIP install -q -e .
+else
+  $PIP install -q -e ".[dev]"
+fi
