@@ -32,7 +32,7 @@ class Runtime:
     compile: bool
     attention: str = "sdpa"  # a name in ATTENTION_KERNELS
     rotary: str = "torch"  # a name in ROTARY_IMPLS
-    loss: str = "plain"  # fused | plain (model/fused_loss.py)
+    loss: str = "plain"  # fused | plain (model/losses.py)
     compile_mode: str = "default"  # a name in COMPILE_MODES: what the engine passes to torch.compile
     peak_tflops: float | None = None  # impl.peak_tflops: the user's figure for MFU instead of the table's
 

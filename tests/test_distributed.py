@@ -78,7 +78,7 @@ def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
 
 
 def test_ddp_trains_with_token_dropping(tmp_path):
-    """Token dropping under DDP: each training forward all-reduces the importance update (model/token_dropping.py)
+    """Token dropping under DDP: each training forward all-reduces the importance update (model/stacks.py)
     inside DDP's forward, with no buffer broadcast; the run finishes and rank 0's buffer holds the losses. (That
     the ranks' update equals one process's over the whole microbatch is test_token_dropping_ddp's.)"""
     run = [*TINY, "arch.num_layers=3", "arch.token_dropping.keep=0.5", "train.max_steps=2", "train.batch_ramp=0"]

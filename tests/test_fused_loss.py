@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM, fused_loss
-from cramming.model.fused_loss import linear_cross_entropy
+from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
+from cramming.model import losses as fused_loss  # the fused loss lives in losses.py
+from cramming.model.losses import linear_cross_entropy
 
 TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, ffn_size=64, max_seq_length=16)
 

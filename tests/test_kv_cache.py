@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from cramming.model import CrammedConfig, CrammedForCausalLM
-from cramming.model.kv_cache import CACHE_KEY, alibi_bias_at
-from cramming.model.masks import alibi_bias, visible_keys
+from cramming.model.masks import CACHE_KEY, alibi_bias, alibi_bias_at, visible_keys
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS
 

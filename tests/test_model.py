@@ -197,7 +197,7 @@ def test_init_schemes_set_the_documented_stds(scheme):
 
 
 def test_scalenorm_and_qk_norm():
-    from cramming.model.norms import ScaleNorm
+    from cramming.model.ffn import ScaleNorm
 
     norm = ScaleNorm(16, 1e-12, False)
     x = torch.randn(3, 16)
@@ -315,7 +315,7 @@ def test_rpe_cached_equals_uncached():
 
 
 def test_rpe_buckets_follow_t5():
-    from cramming.model.rpe import relative_buckets
+    from cramming.model.positions import relative_buckets
 
     relative = torch.arange(-40, 41)
     both = relative_buckets(relative, True, 32, 128)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cramming.model import CrammedConfig, CrammedForMaskedLM, auto_map_of
-from cramming.model.renamed import OLD_KEYS, current_key
+from cramming.model.configuration_crammed import OLD_KEYS, current_key
 
 TINY = {"vocab_size": 97, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "ffn_size": 64, "max_seq_length": 16,
         "position": "rpe", "init_std": 0.3}

@@ -17,9 +17,7 @@ from cramming import pretraining
 from cramming.errors import UserError, exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import SelfAttention
-from cramming.model.fused_loss import linear_cross_entropy
-from cramming.model.losses import LOSSES
-from cramming.model.softcap import soft_cap
+from cramming.model.losses import LOSSES, linear_cross_entropy, soft_cap
 from cramming.train.schedule import window_at
 from cramming.validation import load_config
 
@@ -79,7 +77,7 @@ def test_both_losses_train_on_the_capped_logits(loss):
 
 def test_fused_softcap_in_chunks(monkeypatch):
     """Several chunks: each chunk's slope buffer is its own."""
-    import cramming.model.fused_loss as fused
+    import cramming.model.losses as fused
 
     monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 7 * 50)
     hidden = torch.randn(40, 16, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Token dropping (arch.token_dropping, model/token_dropping.py): which tokens the middle layers see, what the dropped
+"""Token dropping (arch.token_dropping, model/stacks.py): which tokens the middle layers see, what the dropped
 ones carry past them, the importance averages and their update from both loss paths, the forwards that never drop,
 the FLOPs count, the refusals, exact resume and a whole CLI run."""
 
@@ -15,10 +15,11 @@ from test_resume import config_for as run_config
 
 from cramming.errors import UserError
 from cramming.model.configuration_crammed import CrammedConfig
-from cramming.model.context import Context
-from cramming.model.modeling_crammed import CrammedForMaskedLM, CrammedForSequenceClassification
+from cramming.model.heads import CrammedForSequenceClassification
+from cramming.model.masks import Context
+from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.model.rotary import Positions
-from cramming.model.token_dropping import TokenImportance, dropping_layers, kept_only_layers
+from cramming.model.stacks import TokenImportance, dropping_layers, kept_only_layers
 from cramming.train.flops import forward_flops_per_token
 from cramming.validation import load_config
 

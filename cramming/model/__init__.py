@@ -12,14 +12,14 @@ import importlib
 AUTO_MAP = {
     "AutoConfig": "configuration_crammed.CrammedConfig",
     "AutoModel": "modeling_crammed.CrammedModel",
-    "AutoModelForSequenceClassification": "modeling_crammed.CrammedForSequenceClassification",
+    "AutoModelForSequenceClassification": "heads.CrammedForSequenceClassification",
     "AutoModelForTokenClassification": "heads.CrammedForTokenClassification",
     "AutoModelForQuestionAnswering": "heads.CrammedForQuestionAnswering",
     "AutoModelForMultipleChoice": "heads.CrammedForMultipleChoice",
 }
 CLASSES = {"CrammedConfig": ".configuration_crammed", "CrammedModel": ".modeling_crammed",
            "CrammedForMaskedLM": ".modeling_crammed", "CrammedForCausalLM": ".modeling_crammed",
-           "CrammedForSequenceClassification": ".modeling_crammed", "CrammedForReplacedTokenDetection": ".electra",
+           "CrammedForSequenceClassification": ".heads", "CrammedForReplacedTokenDetection": ".heads",
            "CrammedForTokenClassification": ".heads", "CrammedForQuestionAnswering": ".heads",
            "CrammedForMultipleChoice": ".heads"}
 

@@ -5,21 +5,19 @@ import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import SelfAttention
-from .context import PLAIN, Context
-from .ffn import FFNS
-from .gmlp import GMLPBlock, linear_flops
-from .norms import build_norm
-from .registry import Registry
+from .attention import ATTENTION_KERNELS, SelfAttention
+from .ffn import ACTIVATIONS, FFNS, build_norm
+from .linear import LinearMethods, build_linear
+from .masks import PLAIN, AttentionSpec, Context, same_document
+from .registry import Registry, invalid
 
 BLOCKS = Registry("block", traits={
-    "kv_cache": "its forward takes a KV cache slot (kv_cache.py): generation may cache it",
+    "kv_cache": "its forward takes a KV cache slot (masks.py): generation may cache it",
     "token_subsets": "it may run on a subset of the tokens (arch.token_dropping), given their positions",
     "takes_value_embedding": "its attention mixes arch.value_embeddings' tables into the values",
     "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
     "fixed_length": "it holds arch.max_seq_length-sized weights: no sequences past arch.max_seq_length",
 })
-BLOCKS.register("gmlp")(GMLPBlock)
 
 
 def cache_problem(config) -> str | None:
@@ -40,7 +38,7 @@ class TransformerBlock(GradientCheckpointingLayer):
     A GradientCheckpointingLayer: with gradient checkpointing on (transformers' gradient_checkpointing_enable, or
     impl.activation_checkpointing), it keeps only its input and runs again in the backward pass."""
 
-    kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
+    kv_cache = True  # its forward takes a LayerCache (masks.py)
     token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
     takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values
     width_scaled = True  # every weight's fan-in is the width: arch.parametrization=mup covers it
@@ -61,9 +59,119 @@ class TransformerBlock(GradientCheckpointingLayer):
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
     def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
-        """ctx: this forward's context (context.py), which the attention reads."""
+        """ctx: this forward's context (masks.py), which the attention reads."""
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.norm1(x), ctx))
             return x + self.dropout(self.ffn(self.norm2(x)))
         x = self.norm1(x + self.dropout(self.attn(x, ctx)))
         return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+# ---------------------------------------------------------------- the gMLP block
+# The gMLP block (Liu et al. 2021, "Pay Attention to MLPs"), a drop-in for a transformer block in `arch.layout`.
+#
+# Channels go up to ffn_size and split in two halves u and v; v is normalised and mixed across positions by a
+# learned (seq x seq) matrix, the spatial gating unit; u * v goes back down to the hidden size. With
+# `arch.gmlp.attn_dim` > 0 a tiny single-head attention of that width is added to the gate (aMLP). Causal models
+# use the lower triangle of the spatial matrix only.
+
+
+def linear_flops(module: nn.Module) -> int:
+    """Forward FLOPs per token of the structured-or-dense layers inside `module` (2 per multiply-add)."""
+    return sum(m.flops_per_token() for m in module.modules() if isinstance(m, LinearMethods))
+
+
+class TinyAttention(nn.Module):
+    """aMLP's single-head attention, computed from the block input and projected to the gate's width."""
+
+    def __init__(self, config, out_features: int):
+        super().__init__()
+        self.dim = config.gmlp.attn_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * self.dim, bias=config.bias)
+        self.out = nn.Linear(self.dim, out_features, bias=config.bias)
+        self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
+        self.causal = config.causal
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Its two plain projections, and one head of width dim attending over seq (halved when causal)."""
+        projections = 2 * (self.qkv.weight.numel() + self.out.weight.numel())
+        return projections + 4 * seq_len * self.dim // (2 if self.causal else 1)
+
+    def forward(self, x, ctx: Context = PLAIN):
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
+        y = self.kernel(q, k, v, AttentionSpec(padding=ctx.padding, causal=self.causal, documents=ctx.documents))
+        return self.out(y.squeeze(1))
+
+
+@BLOCKS.register("gmlp")
+class GMLPBlock(GradientCheckpointingLayer):
+    """gMLP: a spatial gating unit mixes the tokens through a learned sequence-by-sequence matrix instead of
+    attention (with arch.gmlp.attn_dim, aMLP: plus a tiny single-head attention)."""
+
+    width_scaled = False  # the spatial gate's fan-in is the sequence, not the width: muP has no rule for it
+    fixed_length = True  # the spatial gate is arch.max_seq_length square: no longer sequences
+
+    @staticmethod
+    def problem(config) -> str | None:
+        """Its spatial matrix is max_seq_length square, and it splits ffn_size in halves."""
+        a, seq_length = config.arch, config.data.seq_length
+        if a.ffn_size % 2:
+            return invalid("arch.ffn_size", a.ffn_size, "must be even for gmlp blocks (split in halves)")
+        if seq_length > a.max_seq_length:
+            return invalid("data.seq_length", seq_length, f"longer than the gmlp spatial matrix "
+                           f"(arch.max_seq_length={a.max_seq_length}); raise it")
+        return None
+
+    def __init__(self, config, index: int = 0):
+        super().__init__()
+        self.half = half = config.ffn_size // 2
+        self.pre_norm = config.norm_position == "pre"
+        self.norm = build_norm(config)
+        self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
+        self.act = ACTIVATIONS.get_or_explain(config.activation)
+        self.gate_norm = build_norm(config, half)
+        # Near-identity start (weights 0, bias 1: the gate passes u through), as the paper recommends.
+        self.spatial = nn.Parameter(torch.zeros(config.max_seq_length, config.max_seq_length))
+        self.spatial_bias = nn.Parameter(torch.ones(config.max_seq_length))
+        self.tiny_attention = TinyAttention(config, half) if config.gmlp.attn_dim > 0 else None
+        self.down = build_linear(config, "ffn", half, config.hidden_size)
+        self.down.residual_output = True
+        self.causal = config.causal
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def init_weights_(self, init, std: float) -> None:
+        """The spatial gate starts as the identity on u (its linear layers initialise themselves)."""
+        init.zeros_(self.spatial)
+        init.ones_(self.spatial_bias)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """up and down, the spatial mixing (each position sums seq positions over the gate's half width; the
+        causal triangle is a masked full matrix, so it costs the same), and aMLP's tiny attention."""
+        tiny = self.tiny_attention.flops_per_token(seq_len) if self.tiny_attention is not None else 0
+        return linear_flops(self) + 2 * seq_len * self.half + tiny
+
+    def gate(self, x, ctx: Context):
+        seq_len = x.shape[1]
+        u, v = self.act(self.up(x)).chunk(2, dim=-1)
+        v = self.gate_norm(v)
+        if ctx.padding is not None:  # padding must not leak into real positions through the mixing
+            v = v * ctx.padding[..., None].to(v.dtype)
+        weight, bias = self.spatial[:seq_len, :seq_len], self.spatial_bias[:seq_len, None]
+        if ctx.positions is not None:  # each row's own (position_ids): a left-padded row mixes as it would alone
+            ids = ctx.positions.ids
+            weight, bias = self.spatial[ids[:, :, None], ids[:, None, :]], self.spatial_bias[ids][..., None]
+        if self.causal:
+            weight = weight.tril()  # by index: the real tokens' order, whatever padding precedes them
+        if ctx.documents is not None:  # each document mixes only its own positions, as it would alone
+            weight = weight * same_document(ctx.documents, ctx.documents)[:, 0].to(weight.dtype)
+        v = torch.matmul(weight.to(v.dtype), v) + bias.to(v.dtype)  # (seq or batch x seq, seq) @ (batch, seq, d)
+        if self.tiny_attention is not None:
+            v = v + self.tiny_attention(x, ctx)
+        return self.down(u * v)
+
+    def forward(self, x, ctx: Context = PLAIN):
+        """ctx: this forward's context (masks.py): padding, positions (position_ids: each row's own rows of the
+        spatial matrix), documents."""
+        if self.pre_norm:
+            return x + self.dropout(self.gate(self.norm(x), ctx))
+        return self.norm(x + self.dropout(self.gate(x, ctx)))

@@ -1,9 +1,8 @@
 """The crammed encoder and its heads, as Hugging Face models.
 
 Read top to bottom: embeddings -> blocks -> final norm (CrammedModel), then the MLM head
-(CrammedForMaskedLM), the next-token head of causal models (CrammedForCausalLM, `objective: clm`, whose
-attention is causal), and the pooled classifier used by GLUE (CrammedForSequenceClassification). The token,
-question-answering and multiple-choice heads are in heads.py.
+(CrammedForMaskedLM) and the next-token head of causal models (CrammedForCausalLM, `objective: clm`, whose
+attention is causal). The fine-tuning heads (GLUE's classifier and the others) are in heads.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
@@ -19,25 +18,18 @@ from transformers.modeling_outputs import (
     BaseModelOutput,
     CausalLMOutputWithPast,
     MaskedLMOutput,
-    SequenceClassifierOutput,
 )
 
+from .attention import ValueEmbeddings
 from .block import BLOCKS, cache_problem
-from .configuration_crammed import CrammedConfig
-from .context import Context, document_positions
-from .ffn import ACTIVATIONS
-from .inits import init_std
-from .kv_cache import CACHE_KEY, LayerCache, position_ids_from_mask, token_positions
+from .configuration_crammed import OLD_KEYS, CrammedConfig, current_keys
+from .ffn import ACTIVATIONS, build_norm
 from .losses import LOSSES, head_logits
-from .norms import build_norm
-from .parametrization import mark_hidden, parametrization
+from .masks import CACHE_KEY, Context, LayerCache, document_positions, position_ids_from_mask, token_positions
+from .parametrization import init_std, mark_hidden, parametrization
 from .positions import POSITIONS
 from .registry import copy_into
-from .renamed import HEAD_KEYS, OLD_KEYS, current_head_keys, current_keys
-from .stacks import build_stack
-from .token_dropping import TokenImportance, dropping_layers
-from .unet import UNetSkips
-from .value_embeddings import ValueEmbeddings
+from .stacks import TokenImportance, UNetSkips, build_stack, dropping_layers
 
 # save_pretrained(push_to_hub=True, ...)'s keywords that only the push reads.
 HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
@@ -104,7 +96,7 @@ class CrammedPreTrainedModel(PreTrainedModel):
         return None
 
     def init_std_for(self, module) -> float:
-        """The std arch.init (and arch.zero_init_out) gives this module's weights (inits.py)."""
+        """The std arch.init (and arch.zero_init_out) gives this module's weights (parametrization.py)."""
         return init_std(self.config, module)
 
     @torch.no_grad()
@@ -144,7 +136,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.embedding_project = nn.Identity()  # embeddings of another width, shared (ELECTRA's generator): to ours
         self.layers = nn.ModuleList(build_layers(config))
-        mark_hidden(self.layers)  # arch.parametrization scales their init (inits.py) and lr (train/optim.py)
+        mark_hidden(self.layers)  # arch.parametrization scales their init (parametrization.py) and lr (train/optim.py)
         # A score bias shared by all layers (T5's relative-position bias), computed once per forward (arch.rpe.cache)
         # or again in every layer. Checkpoints saved before it had this name hold it as `rpe` (OLD_KEYS).
         self.score_bias = positions.score_bias(config)
@@ -178,7 +170,7 @@ class CrammedModel(CrammedPreTrainedModel):
         stepped blocks. Distances (causality, windows, ALiBi, T5 buckets) count the tensor's indices, the same
         between real tokens when padding is only on the left or the right.
         document_ids: (batch, seq) non-decreasing ids of the documents packed in each row (data.document_masking):
-        no token attends to another document's, and positions restart at each document (context.py).
+        no token attends to another document's, and positions restart at each document (masks.py).
         No branch reads a tensor's values, so the forward traces and exports with dynamic shapes (torch.export)."""
         cache = given_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
@@ -265,7 +257,7 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
         self.encoder = CrammedModel(config)
-        # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (token_dropping.py)
+        # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (stacks.py)
         self.token_importance = TokenImportance(config) if dropping_layers(config) is not None else None
         if config.head_transform:  # the original BERT head: dense -> act -> norm before the decoder
             self.transform = nn.Sequential(
@@ -322,7 +314,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     """Decoder + next-token head (tied to the token embeddings).
 
     `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
-    new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
+    new token, which attends to the cached keys and values at its absolute position (masks.py); the tokens are
     those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
     blocks keep no keys and values (gMLP, block.cache_problem) always take the uncached path. A left-padded batch
     generates what each prompt would alone: positions count only the real tokens (prepare_inputs_for_generation).
@@ -404,83 +396,6 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
             loss = summed_over(loss, targets, num_items_in_batch)
         output = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache}, **encoder_outputs(out))
         return as_requested(output, return_dict, self.config)
-
-
-def pooled_token(hidden, attention_mask, causal: bool):
-    """The one position a sequence-level head reads: the first ([CLS]) of a bidirectional model; of a causal model
-    the last real one (padding on the right), the only token that saw the whole sequence."""
-    if not causal:
-        return hidden[:, 0]
-    if attention_mask is None:
-        last = torch.full((hidden.shape[0],), hidden.shape[1] - 1, device=hidden.device)
-    else:
-        last = attention_mask.sum(1) - 1
-    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-
-
-class ClassificationHead(nn.Module):
-    """BERT's pooler (dense + tanh) on the pooled token, dropout, then the output layer, as one module named
-    `classifier`: tools that keep a head's new weights by that name (PEFT's default modules_to_save) keep all of them.
-    Heads saved before it held the pooler as `pooler` and the output layer as `classifier` (renamed.HEAD_KEYS)."""
-
-    def __init__(self, config, outputs: int):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.classifier_dropout)
-        self.out_proj = nn.Linear(config.hidden_size, outputs)
-
-    def forward(self, pooled):
-        return self.out_proj(self.dropout(torch.tanh(self.dense(pooled))))
-
-
-def classification_loss(logits, labels, config, num_labels: int):
-    """The loss transformers' sequence classifiers take, by config.problem_type, or when it is unset: regression
-    for one label, single-label (cross-entropy) for integer labels, multi-label (a sigmoid per label, labels
-    multi-hot) for float ones."""
-    problem = config.problem_type
-    if problem is None:
-        integer = labels.dtype in (torch.long, torch.int)
-        problem = "regression" if num_labels == 1 else "single_label_classification" if integer else \
-            "multi_label_classification"
-    if problem == "regression":
-        if num_labels == 1:
-            return F.mse_loss(logits.squeeze(-1).float(), labels.squeeze(-1).float() if labels.dim() > 1
-                              else labels.float())
-        return F.mse_loss(logits.float(), labels.float())
-    if problem == "single_label_classification":
-        return F.cross_entropy(logits.float().reshape(-1, num_labels), labels.reshape(-1))
-    if problem == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
-    raise ValueError(f"config.problem_type={problem!r}: choose regression, single_label_classification or "
-                     "multi_label_classification")
-
-
-class CrammedForSequenceClassification(CrammedPreTrainedModel):
-    """Encoder + pooler (dense + tanh) + classifier (ClassificationHead); config.problem_type picks the loss as in
-    transformers (one label: regression, STS-B). The pooled token is the first ([CLS]) for bidirectional models and
-    the last real one for causal models, the only one that saw all."""
-
-    def __init__(self, config: CrammedConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.encoder = CrammedModel(config)
-        self.classifier = ClassificationHead(config, config.num_labels)
-        self._register_load_state_dict_pre_hook(current_head_keys)
-        self.post_init()
-
-    @classmethod
-    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
-        return super().from_pretrained(*args, key_mapping={**HEAD_KEYS, **(key_mapping or {})}, **kwargs)
-
-    def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        out = self.encoder(input_ids, attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-                           output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                           return_dict=True)
-        logits = self.classifier(pooled_token(out.last_hidden_state, attention_mask, self.config.causal))
-        loss = None if labels is None else classification_loss(logits, labels, self.config, self.num_labels)
-        return as_requested(SequenceClassifierOutput(loss=loss, logits=logits, **encoder_outputs(out)), return_dict,
-                            self.config)
 
 
 class _Activation(nn.Module):

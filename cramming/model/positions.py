@@ -13,7 +13,6 @@ from torch import nn
 
 from .registry import Registry, invalid
 from .rotary import Rotation
-from .rpe import RelativePositionBias
 
 POSITIONS = Registry("position", traits={
     # its positions travel with the tokens, so layers may see a subset of them (arch.token_dropping): a table added
@@ -189,3 +188,41 @@ class Rotary(PositionScheme):
             return invalid("arch.rotary.pct", a.rotary.pct,
                            f"rotates no dimension pair of a {head_dim}-dim head; raise it")
         return None
+
+
+# ---------------------------------------------------------------- T5's relative-position bias
+# T5's relative-position bias (`arch.position=rpe`): a learned scalar per head for each bucket of relative
+# distance, added to the attention scores. Small distances get a bucket each, larger ones share logarithmically
+# wider buckets up to `arch.rpe.max_distance`, beyond which all share the last. Bidirectional models split the buckets
+# between keys before and after the query; causal models only look back.
+
+
+def relative_buckets(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
+    """Bucket index for each relative position (key index minus query index)."""
+    offset = 0
+    if bidirectional:
+        num_buckets //= 2
+        offset = (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp_min(0)
+    exact = num_buckets // 2
+    log_ratio = torch.log(distance.float().clamp_min(1) / exact) / math.log(max_distance / exact)
+    far = (exact + (log_ratio * (num_buckets - exact)).long()).clamp_max(num_buckets - 1)
+    return offset + torch.where(distance < exact, distance, far)
+
+
+class RelativePositionBias(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.bidirectional = not config.causal
+        self.num_buckets, self.max_distance = config.rpe.buckets, config.rpe.max_distance
+        self.embedding = nn.Embedding(config.rpe.buckets, config.num_heads)
+
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        """(1, heads, seq, offset + seq) bias of the queries at offset .. offset + seq - 1 (offset: tokens already
+        in a KV cache) against every key up to them."""
+        pos = torch.arange(offset + seq_len, device=self.embedding.weight.device)
+        buckets = relative_buckets(pos[None, :] - pos[offset:, None], self.bidirectional, self.num_buckets,
+                                   self.max_distance)
+        return self.embedding(buckets).permute(2, 0, 1)[None]

@@ -18,7 +18,7 @@ import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..engines import ENGINES
-from ..model.renamed import current_key
+from ..model.configuration_crammed import current_key
 from ..registry import Registry
 from .hooks import Hook
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer
 from ..errors import UserError
 from ..hub import model_folder
-from ..model.renamed import current_key
+from ..model.configuration_crammed import current_key
 from ..registry import invalid
 from .checkpoint import check_weights
 from .from_bert import bert_layout, bert_weights

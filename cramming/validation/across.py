@@ -14,7 +14,7 @@ from ..model.linear import LINEARS, linear_problem
 from ..model.parametrization import PARAMETRIZATIONS
 from ..model.patterns import PATTERNS
 from ..model.positions import POSITIONS
-from ..model.token_dropping import split
+from ..model.stacks import split
 from ..registry import invalid
 from ..train.curriculum import block_rows, seq_schedule_problem, stage_factors
 from ..train.fp8 import fp8_problem
