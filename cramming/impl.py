@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels  # registers the Triton kernels by name; kernels.HAVE_TRITON says whether Triton is there
 from .errors import UserError
-from .kernels import HAVE_TRITON  # importing the package registers the Triton kernels by name
 from .model.attention import ATTENTION_KERNELS, kernel_problem
 from .model.rotary import ROTARY_IMPLS
 from .registry import Registry, invalid, listed
@@ -61,7 +61,7 @@ class Runtime:
 
 def triton_problem(device: torch.device) -> str | None:
     """Why Triton kernels cannot run here, or None. On CPU they run only under the interpreter (tests)."""
-    if not HAVE_TRITON:
+    if not kernels.HAVE_TRITON:
         return "the triton package is not installed (it ships with torch on Linux)"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"Triton kernels need a CUDA GPU (device is {device.type}; TRITON_INTERPRET=1 runs them slowly on CPU)"

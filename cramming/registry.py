@@ -135,6 +135,6 @@ def invalid(key: str, value, requirement: str) -> str:
 
 def copy_into(folder) -> None:
     """Write this file as `folder`/registry.py, over the package's re-export: the saved model code then stands alone.
-    Run after every save_pretrained of a crammed model or config (and by checkpoint.copy_model_code). In a model
+    Run after every save_pretrained of a crammed model or config. In a model
     loaded from a checkpoint, this file is that checkpoint's own copy, so saving it again writes the same code."""
     shutil.copyfile(__file__, Path(folder) / "registry.py")

@@ -2,6 +2,7 @@
 alone: its registry.py is the registry's own code, not the package's re-export, so Python without cramming loads it,
 and a model loaded that way saves a folder that loads the same way."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -35,8 +36,13 @@ ids = torch.load({first!r} + "/ids.pt")
 logits = first(ids).logits
 first.save_pretrained({second!r})  # a model loaded without cramming saves again
 again = auto.from_pretrained({second!r}, trust_remote_code=True).eval()
+# the second folder serves every Auto class it lists, not only the one it was loaded and saved as
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+heads = [cls.from_pretrained({second!r}, trust_remote_code=True, num_labels=2).__class__.__name__
+         for cls in (AutoModelForSequenceClassification, AutoModelForTokenClassification)]
 print("RESULT " + json.dumps({{"same": torch.equal(again(ids).logits, logits),
-                              "expected": torch.equal(logits, torch.load({first!r} + "/logits.pt"))}}))
+                              "expected": torch.equal(logits, torch.load({first!r} + "/logits.pt")),
+                              "heads": heads}}))
 """
 
 
@@ -63,6 +69,14 @@ def test_save_pretrained_writes_the_registry_itself(tmp_path):
     assert (tmp_path / "registry.py").read_bytes() == SHARED.read_bytes()
     for code in tmp_path.glob("*.py"):
         assert "from cramming" not in code.read_text() and "import cramming" not in code.read_text(), code.name
+
+
+def test_save_pretrained_writes_every_module_its_auto_map_names(tmp_path):
+    """transformers copies only the saved class's module; the folder lists the heads' too (heads.py)."""
+    model = tiny(CrammedForMaskedLM)
+    model.save_pretrained(tmp_path)
+    modules = {name.split(".")[0] for name in json.loads((tmp_path / "config.json").read_text())["auto_map"].values()}
+    assert "heads" in modules and all((tmp_path / f"{module}.py").is_file() for module in modules)
 
 
 def test_save_pretrained_with_push_to_hub_pushes_a_standalone_folder(tmp_path, monkeypatch):
@@ -96,5 +110,6 @@ def test_a_saved_folder_loads_and_saves_again_where_cramming_cannot_be_imported(
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                             cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.rpartition("RESULT ")[2].strip() == '{"same": true, "expected": true}'
+    assert result.stdout.rpartition("RESULT ")[2].strip() == (
+        '{"same": true, "expected": true, "heads": ["CrammedForSequenceClassification", "CrammedForTokenClassification"]}')
     assert (second / "registry.py").read_bytes() == SHARED.read_bytes()

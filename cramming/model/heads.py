@@ -51,7 +51,7 @@ def pooled_token(hidden, attention_mask, causal: bool):
 class ClassificationHead(nn.Module):
     """BERT's pooler (dense + tanh) on the pooled token, dropout, then the output layer, as one module named
     `classifier`: tools that keep a head's new weights by that name (PEFT's default modules_to_save) keep all of them.
-    Heads saved before it held the pooler as `pooler` and the output layer as `classifier` (renamed.HEAD_KEYS)."""
+    Heads saved before it held the pooler as `pooler` and the output layer as `classifier` (configuration_crammed.HEAD_KEYS)."""
 
     def __init__(self, config, outputs: int):
         super().__init__()
@@ -85,7 +85,20 @@ def classification_loss(logits, labels, config, num_labels: int):
                      "multi_label_classification")
 
 
-class CrammedForSequenceClassification(CrammedPreTrainedModel):
+class PooledHead(CrammedPreTrainedModel):
+    """A head whose classifier is a ClassificationHead: one saved before that held the pooler as `pooler` and the
+    output layer as `classifier`, and still loads (configuration_crammed.HEAD_KEYS, from a folder or a state dict)."""
+
+    def __init__(self, config: CrammedConfig):
+        super().__init__(config)
+        self._register_load_state_dict_pre_hook(current_head_keys)
+
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
+        return super().from_pretrained(*args, key_mapping={**HEAD_KEYS, **(key_mapping or {})}, **kwargs)
+
+
+class CrammedForSequenceClassification(PooledHead):
     """Encoder + pooler (dense + tanh) + classifier (ClassificationHead); config.problem_type picks the loss as in
     transformers (one label: regression, STS-B). The pooled token is the first ([CLS]) for bidirectional models and
     the last real one for causal models, the only one that saw all."""
@@ -95,12 +108,7 @@ class CrammedForSequenceClassification(CrammedPreTrainedModel):
         self.num_labels = config.num_labels
         self.encoder = CrammedModel(config)
         self.classifier = ClassificationHead(config, config.num_labels)
-        self._register_load_state_dict_pre_hook(current_head_keys)
         self.post_init()
-
-    @classmethod
-    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
-        return super().from_pretrained(*args, key_mapping={**HEAD_KEYS, **(key_mapping or {})}, **kwargs)
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
@@ -174,7 +182,7 @@ class CrammedForQuestionAnswering(CrammedPreTrainedModel):
         return as_requested(output, return_dict, self.config)
 
 
-class CrammedForMultipleChoice(CrammedPreTrainedModel):
+class CrammedForMultipleChoice(PooledHead):
     """Encoder + pooler (dense + tanh, as BERT's) + dropout + one score per choice (ClassificationHead, named
     `classifier`); the loss is cross-entropy over the choices. Inputs are (batch, choices, seq); each choice is encoded
     alone and pooled like the sequence classifier: the first token ([CLS]) of a bidirectional model, the last real
@@ -184,12 +192,7 @@ class CrammedForMultipleChoice(CrammedPreTrainedModel):
         super().__init__(config)
         self.encoder = CrammedModel(config)
         self.classifier = ClassificationHead(config, 1)
-        self._register_load_state_dict_pre_hook(current_head_keys)
         self.post_init()
-
-    @classmethod
-    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
-        return super().from_pretrained(*args, key_mapping={**HEAD_KEYS, **(key_mapping or {})}, **kwargs)
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, position_ids=None, inputs_embeds=None,
                 output_attentions=None, output_hidden_states=None, return_dict=None,

@@ -6,6 +6,7 @@ attention is causal). The fine-tuning heads (GLUE's classifier and the others) a
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.modeling_outputs import (
     BaseModelOutput,
     CausalLMOutputWithPast,
@@ -89,11 +91,29 @@ class CrammedPreTrainedModel(PreTrainedModel):
         the folder loads without cramming. A push goes through push_to_hub, which saves through here again."""
         hub = {key: kwargs.pop(key) for key in HUB_KEYWORDS if key in kwargs}
         super().save_pretrained(save_directory, *args, **kwargs)
+        self.copy_model_code(save_directory)
         copy_into(save_directory)
         if push_to_hub:
             repo_id = hub.pop("repo_id", Path(save_directory).name)  # Hugging Face's default: the folder's name
             return self.push_to_hub(repo_id, token=kwargs.get("token"), **hub)
         return None
+
+    def copy_model_code(self, folder) -> None:
+        """The file of every module the config's auto_map names, with its relative imports: transformers copies only
+        the saved class's, yet the folder loads as every Auto class it lists (heads.py's too). The files come from
+        beside this one, else (a model whose code transformers copied from a checkpoint folder, for one class only)
+        from the folder it was loaded from."""
+        sources = [Path(__file__).parent]
+        loaded_from = str(getattr(self.config, "_name_or_path", "") or "")
+        if loaded_from and Path(loaded_from).is_dir():
+            sources.append(Path(loaded_from))
+        for module in sorted({name.split(".")[0] for name in (self.config.auto_map or {}).values()}):
+            source = next((s / f"{module}.py" for s in sources if (s / f"{module}.py").is_file()), None)
+            if source is None:
+                continue  # another repository's code ("repo--module"), or none to be had: left as transformers does
+            for path in [source, *get_relative_import_files(str(source))]:
+                if Path(path).resolve() != (Path(folder) / Path(path).name).resolve():
+                    shutil.copyfile(path, Path(folder) / Path(path).name)
 
     def init_std_for(self, module) -> float:
         """The std arch.init (and arch.zero_init_out) gives this module's weights (parametrization.py)."""

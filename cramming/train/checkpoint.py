@@ -15,7 +15,6 @@ from ..data.tokenizer import for_generation
 from ..engines import Engine
 from ..errors import UserError
 from ..model import auto_map_of
-from ..registry import copy_into
 
 SUMMARY = "train_summary.json"
 # The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
@@ -42,7 +41,6 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
     finally:
         for key, value in in_use.items():
             setattr(model.config, key, value)
-    copy_model_code(model.config.auto_map, tmp)
     if model.config.causal:  # prompts without a closing [SEP], decoded with their spaces
         tokenizer = for_generation(tokenizer)
     tokenizer.save_pretrained(tmp)
@@ -69,19 +67,6 @@ def no_shard_bar():
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
-
-
-def copy_model_code(auto_map: dict, folder: Path) -> None:
-    """The files of every module auto_map names, with their relative imports. save_pretrained copies only the saved
-    class's module (modeling_crammed.py for an MLM), yet the folder also loads as the heads in heads.py."""
-    from transformers.dynamic_module_utils import get_relative_import_files
-
-    package = Path(__file__).resolve().parents[1] / "model"
-    for module in sorted({name.split(".")[0] for name in auto_map.values()}):
-        source = package / f"{module}.py"
-        for path in [source, *get_relative_import_files(str(source))]:
-            shutil.copyfile(path, folder / Path(path).name)
-    copy_into(folder)  # the registry itself over the package's re-export of it: the folder needs no cramming
 
 
 def is_complete(checkpoint: Path) -> bool:
