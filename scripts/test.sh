@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Command 2: install, then run the whole test suite (CPU, a few minutes). Extra args go to pytest.
+# Command 2: install, then run the whole test suite (CPU; about 15 minutes on 2 cores). Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export TRITON_INTERPRET=1
-.venv/bin/python -m pytest -q "$@"
+# One worker per core (pytest-xdist, one torch thread each), a test file kept on one worker with its fixtures.
+.venv/bin/python -m pytest -q -n auto --dist loadfile "$@"

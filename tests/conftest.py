@@ -1,9 +1,16 @@
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+# Under pytest-xdist (scripts/test.sh runs two workers), each worker gets one core: torch's threads and those of
+# the runs it starts would otherwise oversubscribe the machine and slow both.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("CRAMMING_SHARED", REPO.parent / "shared"))
@@ -18,10 +25,31 @@ def needs_shared(sub: str = "") -> Path:
     return path
 
 
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch  # after the thread variables above; collection imports it anyway
+        torch.set_num_threads(1)
+
+
+def built_once(tmp_path_factory, name: str, build):
+    """What a session fixture builds, built once for the whole run: pytest-xdist's workers share the parent of
+    their temporary folders, and the first to take the lock builds into it while the others wait, then read it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / f"once-{name}"
+    with FileLock(str(folder) + ".lock"):
+        done = folder / "built.json"
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            done.write_text(json.dumps(build(folder)))
+        return json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One data cache for the whole session, as sweeps share one."""
-    return tmp_path_factory.mktemp("cache")
+    """One data cache for the whole session, as sweeps share one (a cache is safe to share across processes)."""
+    return Path(built_once(tmp_path_factory, "cache", lambda folder: str(folder)))
 
 
 @pytest.fixture(autouse=True)
@@ -52,35 +80,45 @@ def real_pretrain_run(tmp_path_factory):
     """One ~minute pretraining run on real English, shared by the pretraining and eval tests. The text is the
     SST-2 training sentences without their labels (in-domain text, so a minute of MLM already helps SST-2)."""
     sst2 = needs_shared("glue/SST-2") / "train.tsv"
-    corpus = tmp_path_factory.mktemp("corpus") / "sst2-sentences.txt"
-    rows = sst2.read_text(encoding="utf-8").splitlines()[1:]
-    corpus.write_text("\n\n".join(row.split("\t")[0] for row in rows), encoding="utf-8")
-    run_dir = tmp_path_factory.mktemp("runs") / "real" / "2026-01-01_00-00-00"
-    result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "name=real", "data=local-text",
-                          f"data.path={corpus}", "data.vocab_size=4096", "budget=0.015",
-                          f"data.cache_dir={tmp_path_factory.mktemp('real-cache')}", run_dir=run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir, result
+
+    def build(folder: Path) -> dict:
+        corpus = folder / "sst2-sentences.txt"
+        rows = sst2.read_text(encoding="utf-8").splitlines()[1:]
+        corpus.write_text("\n\n".join(row.split("\t")[0] for row in rows), encoding="utf-8")
+        run_dir = folder / "runs" / "real" / "2026-01-01_00-00-00"
+        result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "name=real",
+                              "data=local-text", f"data.path={corpus}", "data.vocab_size=4096", "budget=0.015",
+                              f"data.cache_dir={folder / 'cache'}", run_dir=run_dir)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return {"run_dir": str(run_dir), "stdout": result.stdout, "stderr": result.stderr}
+
+    built = built_once(tmp_path_factory, "real-run", build)
+    result = subprocess.CompletedProcess([], 0, built["stdout"], built["stderr"])
+    return Path(built["run_dir"]), result
 
 
 @pytest.fixture(scope="session")
 def smoke_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint from two steps on the sanity source: fast, and needs no shared data."""
-    run_dir = tmp_path_factory.mktemp("smoke-run")
-    result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
-                          "train.max_steps=2", "name=smoke", run_dir=run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_line_path(result, "checkpoint: ")
+    def build(folder: Path) -> str:
+        result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
+                              "train.max_steps=2", "name=smoke", run_dir=folder / "run")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return str(last_line_path(result, "checkpoint: "))
+
+    return Path(built_once(tmp_path_factory, "smoke-checkpoint", build))
 
 
 @pytest.fixture(scope="session")
 def causal_checkpoint(tmp_path_factory) -> Path:
     """A causal (gpt-tiny, clm) checkpoint from two steps on the sanity source, for zero-shot scoring."""
-    run_dir = tmp_path_factory.mktemp("causal-run")
-    result = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
-                          "name=causal", run_dir=run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return last_line_path(result, "checkpoint: ")
+    def build(folder: Path) -> str:
+        result = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
+                              "name=causal", run_dir=folder / "run")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return str(last_line_path(result, "checkpoint: "))
+
+    return Path(built_once(tmp_path_factory, "causal-checkpoint", build))
 
 
 def one_line_error(result, *fragments):
@@ -130,10 +168,18 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_resuming_is_bitwise_identical", "test_the_cli_trains_rtd_and_refuses_bad_values",
               "test_the_preset_pretrains_both_arms_and_fine_tunes_them",
               # token dropping: a resumed pair of whole runs, and a CLI run
-              "test_resuming_gives_the_same_weights_and_importance_bitwise", "test_a_cli_run_drops_tokens_end_to_end"}
+              "test_resuming_gives_the_same_weights_and_importance_bitwise", "test_a_cli_run_drops_tokens_end_to_end",
+              # a subprocess refusal, and lm-eval's task loading (seconds of imports and task indexing)
+              "test_the_cli_refuses_fp8_on_cpu_in_one_line_before_any_work",
+              "test_lm_eval_task_problems_are_one_line_before_any_model"}
+
+
+# A test that needs a checkpoint from a pretraining subprocess is slow whatever its module.
+SLOW_FIXTURES = {"smoke_checkpoint", "causal_checkpoint", "real_pretrain_run"}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.originalname in SLOW_TESTS:
+        if (item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.originalname in SLOW_TESTS
+                or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)
