@@ -16,8 +16,8 @@ from .errors import UserError, exit_on_user_error
 from .export_onnx import TOLERANCE, export_onnx
 from .impl import Runtime
 from .model.arch import ArchConfig
-from .pretraining import build_model, count_parameters
 from .renames import moved
+from .run import build_model, count_parameters
 from .train.checkpoint import save_checkpoint
 from .train.resume import MARKER
 from .train.state import load_saved

@@ -24,22 +24,17 @@ from .data.tokenizer import SPECIAL_IDS
 from .engines import env_rank
 from .errors import refuse
 from .kernels import autotune_seconds
-from .model import CrammedConfig
+from .run import build_model, build_run, count_parameters, flops_per_token
 from .train.averaging import average_final, build_averaging
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
-from .train.flops import forward_flops_per_token
-from .train.fp8 import convert_to_fp8
 from .train.heldout import PeriodicHeldout, heldout_metrics, target_summary
-from .train.init_from import load_source, open_source, with_source_tokenizer
+from .train.init_from import open_source, with_source_tokenizer
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch, microbatch_size
 from .train.nonfinite import NONFINITE
-from .train.objectives import OBJECTIVES, build_objective
-from .train.optim import build_optimizer
-from .train.recompute import recompute_blocks
 from .train.resume import Checkpointer, find_resume, load_checkpoint, resume_folder
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
@@ -57,31 +52,6 @@ def cpu_recipe_note(config, device_type: str) -> str | None:
     return (f"note: train.batch_size={train.batch_size} is a GPU recipe (the batch grows to it over "
             f"{train.batch_ramp:.0%} of the budget), so on this CPU each step is slow and a short run makes few "
             "steps; for CPU runs use train=cpu-smoke (batch 64)")
-
-
-def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
-    config = CrammedConfig(
-        **vars(arch),
-        vocab_size=vocab_size,
-        attention_impl=runtime.attention,
-        rotary_impl=runtime.rotary,
-        loss_impl=runtime.loss,
-        pad_token_id=special_ids["pad"],
-        cls_token_id=special_ids["cls"],
-        sep_token_id=special_ids["sep"],
-        mask_token_id=special_ids["mask"],
-        causal=OBJECTIVES.trait(arch.objective, "causal"),
-    )
-    return OBJECTIVES[arch.objective].head(config)
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def flops_per_token(model, config) -> int:
-    sparse_mlm = OBJECTIVES.trait(config.arch.objective, "scores_masked_only") and config.arch.sparse_prediction
-    return forward_flops_per_token(model, config.data.seq_length, config.train.mask_prob if sparse_mlm else 1.0)
 
 
 def seed_everything(seed: int) -> None:
@@ -126,31 +96,6 @@ def prepare(config: PretrainConfig, engine) -> tuple[Path, dict]:
     engine.barrier()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return prepare_data(config.data)
-
-
-def place(config: PretrainConfig, model, runtime, engine):
-    """The model on its device under the engine, with its optimizer and grad scaler."""
-    model.to(runtime.device)
-    if runtime.precision == "fp8":  # before the engine, the compiler and the optimizer see the layers
-        say_fp8(convert_to_fp8(model, config.impl.fp8), model, config.impl.fp8, engine)
-    if config.impl.activation_checkpointing:  # before the engine and the microbatch probe see it
-        recompute_blocks(model)
-    model = engine.wrap(model, runtime.device)  # before the optimizer: FSDP2 swaps the parameters
-    optimizer = build_optimizer(model, config.train, runtime.device)
-    return engine.prepare(model, optimizer, config, runtime, microbatch_size(config))
-
-
-def say_fp8(converted: list[str], model, fp8, engine) -> None:
-    """One line: how many of the model's linear layers train in float8 (none: the run is bf16 throughout)."""
-    if not engine.main:
-        return
-    total = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    if converted:
-        print(f"fp8: {len(converted)} of {total} linear layers in float8 ({fp8.recipe} scaling), the rest in bf16",
-              flush=True)
-    else:
-        print(f"note: impl.precision=fp8 but no layer has impl.fp8.min_elements={fp8.min_elements} weights with "
-              "dims divisible by 16: the run is bf16 throughout", flush=True)
 
 
 def choose_microbatch(config: PretrainConfig, model, meta: dict, runtime, engine, say) -> int:
@@ -198,15 +143,13 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
         config = with_source_tokenizer(config, source, config.data.cache_dir)
     folder, meta = prepare(config, engine)
     tokenizer = load_tokenizer(folder)
-    model, parameters, flops = new_model(config, meta, runtime, engine, source, say)
-    torch.manual_seed(config.seed + engine.rank)  # same initial weights everywhere, different dropout
-    model, optimizer, scaler = place(config, model, runtime, engine)
+    run = build_run(config, meta, runtime, engine, tokenizer, source, say)
+    model, optimizer, scaler, objective = run.model, run.optimizer, run.scaler, run.objective
     averaging = build_averaging(config.train, engine.unwrap(model))  # before the microbatch probe: EMA's memory
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
                                 json.loads(json.dumps(asdict(config))), engine, averaging)
     checkpointer.tokenizer = tokenizer if engine.main else None
     state, resumed_from = resume(config, run_dir, engine, model, optimizer, scaler, say, averaging)
-    step_model = engine.compile(model) if runtime.compile else model
     microbatch = choose_microbatch(config, model, meta, runtime, engine, say)
     batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch * engine.world,
                             config.impl.num_workers, pin_memory=runtime.device.type == "cuda", start=state.sequences,
@@ -214,8 +157,6 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
                             world=engine.world)
     setup_seconds = time.time() - setup_start
 
-    objective = build_objective(config.arch.objective, config.train, meta, runtime.device, tokenizer,
-                                documents=config.data.document_masking)
     measure = functools.partial(heldout_metrics, engine.unwrap(model), objective, folder, meta, config.train,
                                 microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
     eval_start = time.time()
@@ -225,7 +166,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
 
     log = MetricsLog.for_run(run_dir, config) if engine.main else SilentLog()
     every = config.train.validate_every_minutes
-    parts = Parts(model=step_model, optimizer=optimizer, scaler=scaler, engine=engine, objective=objective,
+    parts = Parts(model=run.step_model, optimizer=optimizer, scaler=scaler, engine=engine, objective=objective,
                   masks=PositionalMasks(config.seed, runtime.device), batches=batches, checkpointer=checkpointer,
                   log=log)
     energy = EnergyMeter.for_device(runtime.device, engine.local_rank)
@@ -238,28 +179,13 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     started = time.time()
     averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
     seconds = {"setup": setup_seconds, "eval": eval_seconds + validating + time.time() - started}
-    summary = summarize(config, runtime, engine, parameters, flops, result, final, state.untrained, seconds,
+    summary = summarize(config, runtime, engine, run.parameters, run.flops, result, final, state.untrained, seconds,
                         resumed_from, folder, meta)
     summary.update(energy.summary(engine, runtime.device, result["tokens"]))
     summary.update(target_summary(validation))
     summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
     save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
     return summary
-
-
-def new_model(config: PretrainConfig, meta: dict, runtime, engine, source, say):
-    """The objective's model for this data, with train.init_from's weights when given; says what it is and
-    returns it with its parameter count and forward FLOPs per token."""
-    model = build_model(config.arch, meta["vocab_size"], meta["special_ids"], runtime)
-    if source is not None:
-        load_source(model, source, config.train.init_from, config.arch)
-        say(f"init_from: the weights of {source.folder} ({source.kind}); a new run: fresh optimizer, budget clock "
-            "and schedule", flush=True)
-    parameters, flops = count_parameters(model), flops_per_token(model, config)
-    say(f"model: {parameters:,} parameters, {flops / 1e6:,.1f} MFLOPs per token forward (about 3x that to "
-        f"train), device {runtime.device}, precision {runtime.precision}, compile {runtime.compile}, "
-        f"attention {runtime.attention}, rotary {runtime.rotary}{engine.describe()}", flush=True)
-    return model, parameters, flops
 
 
 def measure_untrained(config: PretrainConfig, state, measure, checkpoint, say, resumed: bool = False) -> str:

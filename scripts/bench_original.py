@@ -16,7 +16,7 @@ masked 25 %. The parameter lists match except that the original's LayerNorms kee
 is off on both sides (the original pretrains with model.train(False); ours has dropout 0).
 
 Each side is built by its own code: ours as pretrain.py builds it with impl=cpu (SDPA attention, the loss impl.loss=
-auto picks, torch's fused AdamW from build_optimizer); the original's model from construct_crammed_bert and torch
+auto picks, torch's fused AdamW: cramming.run.build_run); the original's model from construct_crammed_bert and torch
 AdamW as its backend builds it for its `bert-o4` train config on a CPU (its two weight-decay groups, lr 1e-3, betas
 (0.9, 0.98), eps 1e-12, weight decay 0.01, no foreach, no fused: the single-tensor loop). fp32, eager, no compile.
 One training step is the same code for both: forward with the masked ids and labels, backward, clip the gradient
@@ -111,11 +111,14 @@ def build_original(module, config_dir: Path, ours_arch, vocab: int, mask_prob: f
 
 
 def build_ours(preset: str, seq: int, vocab: int):
+    """Ours as pretrain.py builds it (cramming.run.build_run): the model, its optimizer and the MLM objective.
+    Both sides then take train_step below, so the phases are timed alike (Run.step would time them as one)."""
     from bench_sections.train import build_ours as build
 
     config, _, ours = build(preset, seq, vocab, torch.device("cpu"), smoke=False)
-    ours["model"].train()
-    return config, ours
+    run = ours["run"]
+    run.model.train()
+    return config, {"model": run.model, "opt": run.optimizer, "objective": run.objective}
 
 
 PHASES = ("forward", "backward", "clip", "optimizer")

@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.impl import Runtime
-from cramming.pretraining import build_model
+from cramming.run import build_model
 from cramming.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -180,7 +180,7 @@ def probe_arch(shared: list[str]) -> dict:
     from bench_sections.common import compose_config
 
     from cramming.impl import Runtime
-    from cramming.pretraining import build_model, count_parameters
+    from cramming.run import build_model, count_parameters
 
     config = compose_config(shared)
     meta = {"pad": 0, "cls": 1, "sep": 2, "mask": 3}

@@ -46,6 +46,15 @@ def built_once(tmp_path_factory, name: str, build):
         return json.loads(done.read_text())
 
 
+@pytest.fixture
+def tmp_path(tmp_path) -> Path:
+    """Each test's folder, one level down: with train.resume=auto a run resumes an unfinished sibling run of the
+    same name and config, and pytest's own folders sit side by side (one worker runs the files in any order)."""
+    path = tmp_path / "test"
+    path.mkdir()
+    return path
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """One data cache for the whole session, as sweeps share one (a cache is safe to share across processes)."""

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from cramming import impl as impl_
 from cramming.data.tokenizer import SPECIAL_IDS
-from cramming.pretraining import build_model
+from cramming.run import build_model
 from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

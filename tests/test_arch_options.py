@@ -15,7 +15,7 @@ from cramming import impl as impl_
 from cramming.config import ArchConfig
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.model.positions import NoPositions, ScaledSinusoidalPositions, SinusoidalPositions, sinusoid_table
-from cramming.pretraining import build_model
+from cramming.run import build_model
 from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -159,7 +159,7 @@ def test_structured_linear_at_equal_block_flops(scale):
     layer, a tiny vocabulary), less the MLM head, which grows with the width and is not matched."""
     from cramming import impl as impl_
     from cramming.data.tokenizer import SPECIAL_IDS
-    from cramming.pretraining import build_model, flops_per_token
+    from cramming.run import build_model, flops_per_token
 
     extra = gpu_overrides("structured-linear") if scale == "gpu" else []
     blocks = {}

@@ -20,7 +20,7 @@ from cramming.impl import Runtime, resolve
 from cramming.model import CrammedConfig
 from cramming.model.heads import CrammedForReplacedTokenDetection, CrammedForSequenceClassification
 from cramming.model.modeling_crammed import CrammedForMaskedLM
-from cramming.pretraining import build_model, place
+from cramming.run import build_model, place
 from cramming.train.fp8 import convert_to_fp8, converts, torchao_problem
 
 needs_torchao = pytest.mark.skipif(torchao_problem() is not None, reason=f"{torchao_problem()} (the fp8 extra)")
@@ -145,7 +145,7 @@ def test_place_converts_only_under_fp8(precision):
     config = config_for(*TINY, f"impl.precision={precision}", "impl.fp8.emulate=true", "impl.fp8.min_elements=0")
     runtime = Runtime(torch.device("cpu"), precision, False)
     model = build_model(config.arch, 64, {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}, runtime)
-    model, _, scaler = place(config, model, runtime, Engine())
+    model, _, scaler, _ = place(config, model, runtime, Engine())
     names = {type(m).__name__ for m in model.modules()}
     assert ("Float8Linear" in names) == (precision == "fp8") and not scaler.is_enabled()
 

@@ -14,6 +14,7 @@ from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 from cramming import impl as impl_
 from cramming import pretraining
 from cramming.errors import RunStopped, UserError
+from cramming.run import build_model
 from cramming.train.init_from import load_source, open_source
 
 TINY_BERT = ["arch=bert-base", "arch.num_layers=2", "arch.hidden_size=32", "arch.num_heads=2", "arch.ffn_size=64",
@@ -77,7 +78,7 @@ def test_a_run_from_an_intermediate_checkpoint_starts_at_its_weights(source_run,
     saved = torch.load(step / "state.pt", weights_only=False)["model"]
     config = config_for(*NAN_RUN, f"train.init_from={step}")
     source = open_source(str(step))
-    model = pretraining.build_model(config.arch, len(source.tokenizer), {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
+    model = build_model(config.arch, len(source.tokenizer), {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
                                     impl_.resolve(config.impl, config.arch))
     load_source(model, source, str(step), config.arch)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
@@ -118,7 +119,7 @@ def test_bert_weights_give_berts_logits(tmp_path):
     bert = tiny_bert(tmp_path / "bert", [f"w{i}" for i in range(59)])
     config = config_for(*TINY, *TINY_BERT)
     source = open_source(str(tmp_path / "bert"))
-    model = pretraining.build_model(config.arch, 64, {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
+    model = build_model(config.arch, 64, {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
                                     impl_.resolve(config.impl, config.arch)).eval()
     load_source(model, source, str(tmp_path / "bert"), config.arch)
     ids = torch.randint(5, 64, (3, 40))
@@ -136,13 +137,13 @@ def test_a_bert_source_refuses_a_crammed_layout_naming_the_first_tensor(tmp_path
     tiny_bert(tmp_path / "bert", [f"w{i}" for i in range(59)])
     config = config_for(*TINY, "arch.num_layers=2", "arch.hidden_size=32")
     source = open_source(str(tmp_path / "bert"))
-    model = pretraining.build_model(config.arch, 64, {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
+    model = build_model(config.arch, 64, {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
                                     impl_.resolve(config.impl, config.arch))
     with pytest.raises(UserError, match=r"its tensor bert.embeddings.position_embeddings.weight has no place in "
                                         r"this run's model .*arch=bert-base"):
         load_source(model, source, str(tmp_path / "bert"), config.arch)
     post = config_for(*TINY, *TINY_BERT, "arch.num_heads=4")
-    model = pretraining.build_model(post.arch, 64, {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
+    model = build_model(post.arch, 64, {"pad": 0, "cls": 2, "sep": 3, "mask": 4},
                                     impl_.resolve(post.impl, post.arch))
     with pytest.raises(UserError, match=r"the source has arch.num_heads=2, this run 4"):
         load_source(model, source, str(tmp_path / "bert"), post.arch)

@@ -51,7 +51,7 @@ def test_validation_masks_do_not_depend_on_the_microbatch(tmp_path):
     from cramming.config import ArchConfig, DataConfig, TrainConfig
     from cramming.data.prepare import prepare_data
     from cramming.impl import Runtime
-    from cramming.pretraining import build_model
+    from cramming.run import build_model
     from cramming.train.heldout import heldout_metrics
     from cramming.train.objectives import build_objective
 

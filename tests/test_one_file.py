@@ -18,7 +18,7 @@ from cramming import impl as impl_
 from cramming.data.tokenizer import SPECIAL_IDS
 from cramming.errors import UserError
 from cramming.plugins import VARIABLE, module_name
-from cramming.pretraining import build_model
+from cramming.run import build_model
 from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -18,6 +18,7 @@ from torch import nn
 
 import cramming.data.loader as loader_module
 from cramming import pretraining
+from cramming import run as run_module
 from cramming.data.tokenizer import train_tokenizer
 from cramming.errors import UserError
 from cramming.model import CrammedForCausalLM
@@ -95,10 +96,10 @@ def run_recipe(overrides, run_dir: Path, monkeypatch) -> Run:
             super().__init__(*args, **kwargs)
             run.orders.append(self)
 
-    real_build_model, real_build_optimizer = pretraining.build_model, pretraining.build_optimizer
+    real_build_model, real_build_optimizer = run_module.build_model, run_module.build_optimizer
     real_train_batches = pretraining.train_batches
-    monkeypatch.setattr(pretraining, "build_model", build_model)
-    monkeypatch.setattr(pretraining, "build_optimizer", build_optimizer)
+    monkeypatch.setattr(run_module, "build_model", build_model)
+    monkeypatch.setattr(run_module, "build_optimizer", build_optimizer)
     monkeypatch.setattr(pretraining, "train_batches", train_batches)
     monkeypatch.setattr(loader_module, "EndlessOrder", EndlessOrder)
     run.summary = pretrain(config_for(*overrides), run_dir)
@@ -189,8 +190,9 @@ CASES = {
                     lambda r: type(r.optimizer) is torch.optim.SGD
                     and (r.optimizer.defaults["momentum"], r.optimizer.defaults["nesterov"]) == (0.8, False)
                     and follows(linear(0), lr=0.05)(r)),
+    # a checkpoint after every step, however fast the step (6 microseconds between them)
     "step-wsd, rollback, keep 1": (["train.schedule=step-wsd", "train.nonfinite=rollback",
-                                    "train.rollback.lr_factor=0.25", "train.checkpoint_every_minutes=0.0001",
+                                    "train.rollback.lr_factor=0.25", "train.checkpoint_every_minutes=1e-7",
                                     "train.keep_checkpoints=1"],
                                    lambda r: [c.name for c in complete_checkpoints(r.run_dir)] == ["step-00000003"]
                                    and follows(wsd(0.1, 0.2))(r)),

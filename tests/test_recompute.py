@@ -10,7 +10,7 @@ from cramming.impl import Runtime
 from cramming.model import CrammedConfig
 from cramming.model.heads import CrammedForReplacedTokenDetection
 from cramming.model.modeling_crammed import CrammedForMaskedLM
-from cramming.pretraining import build_model, place
+from cramming.run import build_model, place
 from cramming.train.recompute import recompute_blocks
 
 
@@ -61,5 +61,5 @@ def test_the_option_reaches_the_trained_model(on):
     config = config_for(*TINY, f"impl.activation_checkpointing={str(on).lower()}")
     runtime = Runtime(torch.device("cpu"), "fp32", False)
     model = build_model(config.arch, 64, {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}, runtime)
-    model, _, _ = place(config, model, runtime, Engine())
+    model, _, _, _ = place(config, model, runtime, Engine())
     assert all(block.gradient_checkpointing == on for block in model.encoder.layers)

@@ -18,8 +18,8 @@ from cramming.model.ffn import FFNS
 from cramming.model.linear import LINEARS
 from cramming.model.patterns import PATTERNS, Global
 from cramming.model.positions import POSITIONS, PositionScheme
-from cramming.pretraining import build_model
 from cramming.registry import Registry
+from cramming.run import build_model
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.optim import OPTIMIZERS

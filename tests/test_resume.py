@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from cramming import pretraining
+from cramming import run as run_module
 from cramming.errors import RunStopped, UserError, exit_on_user_error
 from cramming.train.resume import Checkpointer, complete_checkpoints, find_resume
 from cramming.train.state import TrainState
@@ -162,7 +163,7 @@ def test_keep_checkpoints_and_resume_choices(tmp_path):
 def poison(monkeypatch):
     """Make the training loss NaN on the given forward calls (counted over training microbatches only)."""
     calls = set()
-    original = pretraining.build_model
+    original = run_module.build_model
 
     def build(*args, **kwargs):
         model = original(*args, **kwargs)
@@ -177,7 +178,7 @@ def poison(monkeypatch):
         model.forward = poisoned
         return model
 
-    monkeypatch.setattr(pretraining, "build_model", build)
+    monkeypatch.setattr(run_module, "build_model", build)
     return calls
 
 
@@ -224,7 +225,7 @@ def test_nonfinite_rollback(poison, tmp_path):
 def sigterm_at(monkeypatch):
     """Send this process SIGTERM during the given training forward call, as a scheduler would."""
     at = []
-    original = pretraining.build_model
+    original = run_module.build_model
 
     def build(*args, **kwargs):
         model = original(*args, **kwargs)
@@ -238,7 +239,7 @@ def sigterm_at(monkeypatch):
         model.forward = signalled
         return model
 
-    monkeypatch.setattr(pretraining, "build_model", build)
+    monkeypatch.setattr(run_module, "build_model", build)
     return at
 
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from torch.nn import functional as F
 
 from cramming import pretraining
+from cramming import run as run_module
 from cramming.errors import UserError, exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import SelfAttention
@@ -240,7 +241,7 @@ WINDOWED = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64"
 def windows_seen(monkeypatch):
     """The window every training forward ran with, and a SIGTERM at the forwards listed in `stop`."""
     seen, stop = [], []
-    original = pretraining.build_model
+    original = run_module.build_model
 
     def build(*args, **kwargs):
         model = original(*args, **kwargs)
@@ -256,7 +257,7 @@ def windows_seen(monkeypatch):
         model.forward = recording
         return model
 
-    monkeypatch.setattr(pretraining, "build_model", build)
+    monkeypatch.setattr(run_module, "build_model", build)
     return seen, stop
 
 

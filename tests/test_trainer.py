@@ -16,7 +16,8 @@ from cramming.data.prepare import prepare_data
 from cramming.engines import Engine
 from cramming.errors import RunStopped, UserError
 from cramming.impl import Runtime
-from cramming.pretraining import build_model, pretrain
+from cramming.pretraining import pretrain
+from cramming.run import build_model
 from cramming.train.hooks import Hook
 from cramming.train.masking import PositionalMasks
 from cramming.train.objectives import build_objective

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import AutoConfig, AutoModelForMultipleChoice
+from transformers import AutoModelForMultipleChoice
 
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
-from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
+from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
 
 
 @dataclass
@@ -71,14 +71,7 @@ def collate_choices(questions: list[list[list[int]]], pad_id: int, device) -> di
 
 
 def build_choice_model(checkpoint: str, dropout: float, random_init: bool):
-    """AutoModelForMultipleChoice from the checkpoint (a crammed one gets the fine-tuning dropout, as
-    build_classifier does); random_init: the same architecture untrained."""
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
-    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on (Cramming's recipe)
-        config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
-    if random_init:
-        return AutoModelForMultipleChoice.from_config(config, trust_remote_code=True)
-    return AutoModelForMultipleChoice.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+    return auto_model(AutoModelForMultipleChoice, checkpoint, random_init, dropout)
 
 
 def effective_length(model_config, max_length: int, label: str) -> int:

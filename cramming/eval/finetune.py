@@ -73,16 +73,26 @@ def collate(ids: list[list[int]], pad_id: int, device) -> dict:
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
 
 
-def build_classifier(checkpoint: str, task: TaskData, dropout: float, random_init: bool):
-    num_labels = 1 if task.label_names is None else len(task.label_names)
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True, num_labels=num_labels)
-    if task.label_names is None:
-        config.problem_type = "regression"
-    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on (Cramming's recipe)
+def auto_model(auto_class, checkpoint: str, random_init: bool, dropout: float | None = None, fit=None,
+               **config_changes):
+    """The one way eval builds a model: `auto_class` (an Auto class of transformers) from the checkpoint, or with
+    random_init the same architecture untrained. `config_changes` set the head (num_labels, ...); a crammed
+    checkpoint, pretrained without dropout, gets the fine-tuning `dropout` (Cramming's recipe) and `fit(config)`."""
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True, **config_changes)
+    if config.model_type == "crammed" and dropout is not None:
         config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
+        if fit is not None:
+            fit(config)
     if random_init:
-        return AutoModelForSequenceClassification.from_config(config, trust_remote_code=True)
-    return AutoModelForSequenceClassification.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+        return auto_class.from_config(config, trust_remote_code=True)
+    return auto_class.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+
+
+def build_classifier(checkpoint: str, task: TaskData, dropout: float, random_init: bool):
+    regression = task.label_names is None
+    return auto_model(AutoModelForSequenceClassification, checkpoint, random_init, dropout,
+                      num_labels=1 if regression else len(task.label_names),
+                      **({"problem_type": "regression"} if regression else {}))
 
 
 def build_optimizer(model, recipe, fused: bool = True) -> torch.optim.AdamW:

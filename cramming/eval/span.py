@@ -9,10 +9,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModel
+from transformers import AutoModel
 
 from ..errors import UserError
-from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
+from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
 
 
 class SpanPairClassifier(nn.Module):
@@ -34,12 +34,8 @@ class SpanPairClassifier(nn.Module):
 
 
 def build_span_model(checkpoint: str, dropout: float, random_init: bool) -> SpanPairClassifier:
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
-    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on, as for the others
-        config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
-    encoder = (AutoModel.from_config(config, trust_remote_code=True) if random_init
-               else AutoModel.from_pretrained(checkpoint, config=config, trust_remote_code=True))
-    return SpanPairClassifier(encoder, config.hidden_size, dropout)
+    encoder = auto_model(AutoModel, checkpoint, random_init, dropout)
+    return SpanPairClassifier(encoder, encoder.config.hidden_size, dropout)
 
 
 def encode_spans(tokenizer, examples, max_length: int):

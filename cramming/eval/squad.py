@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-from transformers import AutoConfig, AutoModelForQuestionAnswering
+from transformers import AutoModelForQuestionAnswering
 
 from ..errors import UserError, check
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .benchmarks import BENCHMARKS, _check_task_list
 from .config import recipe_for
-from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
+from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
 from .squad_data import SQUAD_TASKS, SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
 from .squad_windows import decode_answers, encode_windows
@@ -48,13 +48,8 @@ def _score(version: int, split, predictions: dict, examples) -> dict:
 
 
 def build_qa_model(checkpoint: str, dropout: float, random_init: bool, max_length: int):
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
-    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on, as for the others
-        config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
-        fit_length(config, max_length)
-    if random_init:
-        return AutoModelForQuestionAnswering.from_config(config, trust_remote_code=True)
-    return AutoModelForQuestionAnswering.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+    return auto_model(AutoModelForQuestionAnswering, checkpoint, random_init, dropout,
+                      fit=lambda config: fit_length(config, max_length))
 
 
 def fit_length(config, max_length: int) -> None:

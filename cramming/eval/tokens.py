@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForTokenClassification
+from transformers import AutoModelForTokenClassification
 
 from ..errors import UserError
-from .finetune import HEADS, PREDICT_BATCHES, collate, run_epochs
+from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
 
 log = logging.getLogger(__name__)
 IGNORED = -100  # the label of pieces that are not a word's first: cross-entropy skips them
@@ -59,14 +59,8 @@ def encode_words(tokenizer, sentences, label_index: dict[str, int], max_length: 
 
 def build_token_classifier(checkpoint: str, labels: list[str], dropout: float, random_init: bool):
     """The checkpoint's encoder (or, random_init, a fresh one of its architecture) with a new per-token classifier."""
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True, num_labels=len(labels),
-                                        id2label=dict(enumerate(labels)),
-                                        label2id={tag: i for i, tag in enumerate(labels)})
-    if config.model_type == "crammed":  # pretrained without dropout; fine-tuning turns it on, as for the classifier
-        config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
-    if random_init:
-        return AutoModelForTokenClassification.from_config(config, trust_remote_code=True)
-    return AutoModelForTokenClassification.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+    return auto_model(AutoModelForTokenClassification, checkpoint, random_init, dropout, num_labels=len(labels),
+                      id2label=dict(enumerate(labels)), label2id={tag: i for i, tag in enumerate(labels)})
 
 
 def pad_labels(rows: list[list[int]], device) -> torch.Tensor:

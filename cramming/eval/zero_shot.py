@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from ..errors import UserError, check
-from .finetune import HEADS, collate
+from .finetune import HEADS, auto_model, collate
 from .jsonl import json_objects
 from .tasks import TaskData
 
@@ -157,10 +157,7 @@ def causal_refusal(model_config) -> str | None:
 
 
 def build_causal_lm(checkpoint: str, random_init: bool):
-    if random_init:
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint, trust_remote_code=True),
-                                                trust_remote_code=True)
-    return AutoModelForCausalLM.from_pretrained(checkpoint, trust_remote_code=True)
+    return auto_model(AutoModelForCausalLM, checkpoint, random_init)
 
 
 @HEADS.register("zero-shot")

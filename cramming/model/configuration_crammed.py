@@ -37,7 +37,7 @@ class CrammedConfig(PretrainedConfig):
         """Every ArchConfig field is a keyword here with the same default; sections (attention, linear_args) take
         a dict or their dataclass, and their flat names (attention_window=) as older checkpoints saved them.
         causal: attention sees only the past. Whoever builds the config from a run says it, from the objective's
-        `causal` trait (pretraining.build_model), and config.json keeps it, so a saved config answers without the
+        `causal` trait (run.build_model), and config.json keeps it, so a saved config answers without the
         objectives (cramming/train/). None: a config that does not say, saved before it was stored or built by
         hand, reads as the objectives of that time did (renamed.causal_before)."""
         self.vocab_size = vocab_size

@@ -1,13 +1,13 @@
 """Section 8: training steps with data.document_masking=true against the same model without it.
 
 Two cases, the MLM of crammed-bert-tiny and the CLM of gpt-tiny (4 x 256 each), each built as pretrain.py builds
-it (cramming.impl.resolve with documents, cramming.pretraining.build_model, build_optimizer, build_objective with
-documents, impl.loss=auto, torch.compile on GPU), twice from the same seed: once with data.document_masking=true
+it (cramming.run.build_run: the kernels resolved with documents, the objective with documents, impl.loss=auto,
+torch.compile on GPU), twice from the same seed: once with data.document_masking=true
 (the objective adds each row's document ids; the model restarts positions at each document and its attention
 kernel masks the pairs across documents) and once without. The batches are packed rows as the data pipeline
 writes them: [CLS], then random ids 5..vocab-1 in which each position closes a document ([SEP]) with probability
 4 / seq, so document lengths are geometric with mean seq / 4 (32 tokens at seq 128) and the row's last document
-runs on past its end, as packed documents do. Both sides take full training steps (forward with labels,
+runs on past its end, as packed documents do. Both sides take full training steps (Run.step: forward with labels,
 backward, clip, AdamW) on the same batches, one timed step at a time in turn, after a warm-up step each; the
 median step counts. The figure is tokens/s with / without (1.0 = free; the target: at most 10 % slower on CPU).
 The FLOPs are the same; what masking costs is the mask (SDPA's boolean mask instead of its unmasked path, the
@@ -18,7 +18,6 @@ default count, as sections 6 and 7 are.
 import torch
 
 from .common import at_each_thread_count, compose_config, table, taking_turns, target, thread_counts, timed
-from .train import train_step
 
 CASES = ["crammed-bert-tiny", "gpt-tiny"]
 SMOKE_ARCH = ["arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128"]
@@ -27,26 +26,17 @@ TARGET = 0.9  # with / without: at most 10 % slower
 
 
 def build(arch_name: str, documents: bool, seq: int, vocab: int, device, smoke: bool) -> dict:
-    """One side, as pretrain.py builds it: model, compiled step model, optimizer, objective, attention kernel."""
-    from cramming.data.tokenizer import SPECIAL_IDS
-    from cramming.impl import resolve
-    from cramming.pretraining import build_model
-    from cramming.train.objectives import build_objective
-    from cramming.train.optim import build_optimizer
+    """One side, the run pretrain.py builds (cramming.run.build_run), from the same seed as the other."""
+    from cramming.run import build_run
 
     overrides = [f"arch={arch_name}", f"data.vocab_size={vocab}", f"data.seq_length={seq}",
                  f"impl={'gpu' if device.type == 'cuda' else 'cpu'}",
                  f"data.document_masking={str(documents).lower()}", *(SMOKE_ARCH if smoke else [])]
     config = compose_config(overrides)
-    masking = config.data.document_masking
-    runtime = resolve(config.impl, config.arch, documents=masking)
     torch.manual_seed(0)
-    model = build_model(config.arch, vocab, SPECIAL_IDS, runtime).to(device).train()
-    meta = {"special_ids": SPECIAL_IDS, "vocab_size": vocab}
-    return {"model": model, "step_model": torch.compile(model) if runtime.compile else model,
-            "opt": build_optimizer(model, config.train, device), "attention": runtime.attention,
-            "objective": build_objective(config.arch.objective, config.train, meta, device, documents=masking),
-            "clip": config.train.grad_clip or float("inf"), "autocast": runtime.autocast(), "config": config}
+    run = build_run(config)
+    return {"run": run, "model": run.model.train(), "objective": run.objective, "attention": run.runtime.attention,
+            "config": config}
 
 
 def packed_batch(index: int, batch: int, seq: int, vocab: int, generator, device) -> torch.Tensor:
@@ -76,7 +66,7 @@ def measure(sides: dict, batch: int, seq: int, vocab: int, rounds: int, device) 
 
     def step(side, index):
         ids = packed_batch(index, batch, seq, vocab, generator, device)
-        return timed(lambda: train_step(side, ids, generator, side["clip"], side["autocast"]), device)
+        return timed(lambda: side["run"].step(ids, generator), device)
 
     medians, times = taking_turns(sides, rounds, step)
     return {"step_s": medians, "times": times, "ratio": medians["without"] / medians["with"]}

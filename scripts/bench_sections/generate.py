@@ -24,7 +24,7 @@ SMOKE_ARCH = ["arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2", "a
 def build_gpt_tiny(vocab: int, device, smoke: bool):
     from cramming.data.tokenizer import SPECIAL_IDS
     from cramming.impl import resolve
-    from cramming.pretraining import build_model
+    from cramming.run import build_model
 
     overrides = ["arch=gpt-tiny", f"data.vocab_size={vocab}", f"impl={'gpu' if device.type == 'cuda' else 'cpu'}"]
     config = compose_config(overrides + (SMOKE_ARCH if smoke else []))

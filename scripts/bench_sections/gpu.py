@@ -2,9 +2,9 @@
 
 Kernels: scripts/bench_kernels.py in a subprocess (its own docstring says how it measures); its targets are copied
 into this report. End to end: crammed-bert at seq 128, built as pretrain.py builds it with impl=gpu (bf16 autocast,
-torch.compile, the Triton kernels), full training steps (mask, forward, backward, clip, fused AdamW) on random
-tokens; after warm-up steps (compilation), the median step. MFU = 3 x forward FLOPs/token
-(cramming.pretraining.flops_per_token) x tokens/s / bf16 peak, against the datasheet peak (cramming.impl
+torch.compile, the Triton kernels; cramming.run.build_run), full training steps (Run.step: mask, forward,
+backward, clip, fused AdamW) on random tokens; after warm-up steps (compilation), the median step. MFU = 3 x forward FLOPs/token
+(cramming.run.flops_per_token) x tokens/s / bf16 peak, against the datasheet peak (cramming.impl
 PEAK_TFLOPS) and, beside it, a bf16 matmul measured here. The same steps again with the other training loss
 (impl.loss=fused against the plain one that impl.loss=auto picks on CUDA) give the ratio that decides that
 default, and again with impl.precision=fp8 (cramming/train/fp8.py: the blocks' projections in float8) the
@@ -45,35 +45,19 @@ FP8_SMOKE = ["impl.precision=fp8", "impl.fp8.emulate=true", "impl.fp8.min_elemen
 
 
 def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: str = "auto", fp8=False) -> dict:
-    from cramming.data.tokenizer import SPECIAL_IDS
-    from cramming.impl import resolve
-    from cramming.pretraining import build_model, flops_per_token
-    from cramming.train.fp8 import convert_to_fp8
-    from cramming.train.objectives import build_objective
-    from cramming.train.optim import build_optimizer
+    from cramming.run import build_run
 
     seq, vocab = (32, 512) if smoke else (128, 32768)
     overrides = ["arch=crammed-bert", f"data.seq_length={seq}", f"data.vocab_size={vocab}",
                  f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", f"impl.loss={loss}", *(SMOKE_ARCH if smoke else [])]
     overrides += (FP8_SMOKE if smoke else ["impl.precision=fp8"]) if fp8 else []
     config = compose_config(overrides)
-    runtime = resolve(config.impl, config.arch)
-    model = build_model(config.arch, vocab, SPECIAL_IDS, runtime).to(device)
-    flops = flops_per_token(model, config)  # counted on the dense layers, before any float8 swap
-    converted = convert_to_fp8(model, config.impl.fp8) if fp8 else []
-    step_model = torch.compile(model) if runtime.compile else model
-    optimizer = build_optimizer(model, config.train, device)
-    objective = build_objective("mlm", config.train, {"special_ids": SPECIAL_IDS, "vocab_size": vocab}, device)
-    autocast, generator = runtime.autocast(), torch.Generator(device=device).manual_seed(0)
+    run = build_run(config)  # FLOPs counted on the dense layers, before any float8 swap
+    model, runtime, flops, converted = run.model, run.runtime, run.flops, run.fp8_layers
+    generator = torch.Generator(device=device).manual_seed(0)
 
     def step():
-        ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
-        with autocast():
-            loss = step_model(**objective.batch(ids, generator)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        run.step(torch.randint(5, vocab, (batch, seq), generator=generator, device=device), generator)
 
     model.train()
     for _ in range(warmup):

@@ -24,10 +24,7 @@ def probe(arch: str, batch: int, seq: int, vocab: int, loss: str, smoke: bool) -
     generator = torch.Generator().manual_seed(0)
 
     def step():
-        ids = torch.randint(5, vocab, (batch, seq), generator=generator)
-        ours["model"](**ours["objective"].batch(ids, generator)).loss.backward()
-        ours["opt"].step()
-        ours["opt"].zero_grad(set_to_none=True)
+        ours["run"].step(torch.randint(5, vocab, (batch, seq), generator=generator), generator)
 
     step()
     resident = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()

@@ -2,19 +2,18 @@
 
 The model is crammed-bert-tiny at the paper's depth, 12 layers (the reference's split: layer 5 updates the kept
 tokens attending to all, layers 6-10 see the kept ones only),
-built as pretrain.py builds it (cramming.pretraining.build_model, build_optimizer, the MLM objective's masking,
-impl.loss=auto, torch.compile on GPU), twice from the same seed: once with arch.token_dropping.keep=0.5 and once
-without. Both take full training steps (forward with labels, backward, clip, AdamW) on the same random token
+built as pretrain.py builds it (cramming.run.build_run: the MLM objective's masking, impl.loss=auto,
+torch.compile on GPU), twice from the same seed: once with arch.token_dropping.keep=0.5 and once without. Both
+take full training steps (Run.step: forward with labels, backward, clip, AdamW) on the same random token
 batches (ids 5..vocab-1), one timed step at a time in turn, after a warm-up step each; the median step counts. The
 figure is the ratio of the medians: how many more tokens per second dropping trains, beside the ratio the FLOPs
-count predicts (cramming.pretraining.flops_per_token, whose kept-only layers count at k tokens). On CPU it is
+count predicts (cramming.run.flops_per_token, whose kept-only layers count at k tokens). On CPU it is
 measured at one torch thread and at the default count, as section 6 is.
 """
 
 import torch
 
 from .common import at_each_thread_count, compose_config, table, taking_turns, target, thread_counts, timed
-from .train import train_step
 
 ARCH = ["arch=crammed-bert-tiny", "arch.num_layers=12"]
 SMOKE_ARCH = ["arch=crammed-bert-tiny", "arch.num_layers=3", "arch.hidden_size=64", "arch.num_heads=2",
@@ -23,24 +22,16 @@ KEEP = 0.5
 
 
 def build(keep, seq: int, vocab: int, device, smoke: bool) -> dict:
-    """One side, as pretrain.py builds it: model, compiled step model, optimizer, objective, FLOPs per token."""
-    from cramming.data.tokenizer import SPECIAL_IDS
-    from cramming.impl import resolve
-    from cramming.pretraining import build_model, flops_per_token
-    from cramming.train.objectives import build_objective
-    from cramming.train.optim import build_optimizer
+    """One side, the run pretrain.py builds (cramming.run.build_run), from the same seed as the other."""
+    from cramming.run import build_run
 
     overrides = [*(SMOKE_ARCH if smoke else ARCH), f"data.vocab_size={vocab}", f"data.seq_length={seq}",
                  f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", f"arch.token_dropping.keep={keep}"]
     config = compose_config(overrides)
-    runtime = resolve(config.impl, config.arch)
     torch.manual_seed(0)
-    model = build_model(config.arch, vocab, SPECIAL_IDS, runtime).to(device).train()
-    meta = {"special_ids": SPECIAL_IDS, "vocab_size": vocab}
-    return {"model": model, "step_model": torch.compile(model) if runtime.compile else model,
-            "opt": build_optimizer(model, config.train, device), "flops": flops_per_token(model, config),
-            "objective": build_objective(config.arch.objective, config.train, meta, device),
-            "clip": config.train.grad_clip or float("inf"), "autocast": runtime.autocast(), "config": config}
+    run = build_run(config)
+    run.model.train()
+    return {"run": run, "flops": run.flops, "config": config}
 
 
 def measure(sides: dict, batch: int, seq: int, vocab: int, rounds: int, device) -> dict:
@@ -50,7 +41,7 @@ def measure(sides: dict, batch: int, seq: int, vocab: int, rounds: int, device) 
     def step(side, index):
         generator.manual_seed(1000 + index)
         ids = torch.randint(5, vocab, (batch, seq), generator=generator, device=device)
-        return timed(lambda: train_step(side, ids, generator, side["clip"], side["autocast"]), device)
+        return timed(lambda: side["run"].step(ids, generator), device)
 
     medians, times = taking_turns(sides, rounds, step)
     return {"step_s": medians, "times": times, "speedup": medians["full"] / medians["dropping"]}

@@ -1,9 +1,9 @@
 """Section 1: training throughput and MFU, ours against Hugging Face models of identical dimensions.
 
 Pairs (CPU / GPU): crammed-bert-tiny and crammed-bert-mini / crammed-bert against `BertForMaskedLM`, gpt-tiny /
-gpt-small against `GPT2LMHeadModel`. Ours is built as pretrain.py builds it (cramming.pretraining.build_model,
-build_optimizer, the MLM objective's masking, torch.compile on GPU). Hugging Face is trained the usual way:
-`DataCollatorForLanguageModeling` (mlm_probability = our train.mask_prob; mlm=False for GPT-2) on the batch,
+gpt-small against `GPT2LMHeadModel`. Ours is built and stepped as pretrain.py builds and steps it
+(cramming.run's build_run and Run.step: the objective's masking, torch.compile on GPU, the engine's checked
+update). Hugging Face is trained the usual way: `DataCollatorForLanguageModeling` (mlm_probability = our train.mask_prob; mlm=False for GPT-2) on the batch,
 forward with labels (full-vocabulary head on every position), backward, torch AdamW with default settings; dropout
 0 like ours, so the comparison is the implementation, not a regulariser. Both clip the gradient norm (our trainer
 always does; HF's Trainer does by default). Both see the same random token batches (ids 5..vocab-1), one timed step
@@ -11,7 +11,7 @@ at a time in turn (ours, HF, a matmul-peak sample, ours, ...), after warm-up; th
 also timed, in the same turns, with the other training loss (impl.loss=fused against plain): the ratio behind
 impl.loss=auto's choice.
 
-FLOPs (2 per multiply-add), forward, per token. Ours: cramming.pretraining.flops_per_token (each block projection
+FLOPs (2 per multiply-add), forward, per token. Ours: cramming.run.flops_per_token (each block projection
 counts itself, attention 4 * seq * hidden per layer, halved when causal, the head on the share of tokens it decodes:
 the masked 25 % with the sparse MLM head). Hugging Face, counted from its matmuls the same way: 2 x the weights of
 every Linear / Conv1D in its layers, the same attention term, and its head (BERT: transform + decoder, GPT-2:
@@ -59,24 +59,15 @@ def matmul_weights(module: nn.Module) -> int:
 
 
 def build_ours(arch_name: str, seq: int, vocab: int, device, smoke: bool, loss: str = "auto"):
-    """(config, runtime, ours) as pretrain.py builds them; `loss` is impl.loss."""
-    from cramming.data.tokenizer import SPECIAL_IDS
-    from cramming.impl import resolve
-    from cramming.pretraining import build_model, flops_per_token
-    from cramming.train.objectives import build_objective
-    from cramming.train.optim import build_optimizer
+    """(config, runtime, ours): ours is the run pretrain.py builds (cramming.run.build_run); `loss` is impl.loss."""
+    from cramming.run import build_run
 
     overrides = [f"arch={arch_name}", f"data.vocab_size={vocab}", f"data.seq_length={seq}",
                  f"impl={'gpu' if device.type == 'cuda' else 'cpu'}", f"impl.loss={loss}"] + (SMOKE_ARCH if smoke else [])
     config = compose_config(overrides)
-    arch, runtime = config.arch, resolve(config.impl, config.arch)
-    model = build_model(arch, vocab, SPECIAL_IDS, runtime).to(device)
-    meta = {"special_ids": SPECIAL_IDS, "vocab_size": vocab}
-    ours = {"model": model, "step_model": torch.compile(model) if runtime.compile else model,
-            "opt": build_optimizer(model, config.train, device), "flops": flops_per_token(model, config),
-            "objective": build_objective(arch.objective, config.train, meta, device), "loss": runtime.loss,
-            "params": sum(p.numel() for p in model.parameters())}
-    return config, runtime, ours
+    run = build_run(config)
+    ours = {"run": run, "model": run.model, "flops": run.flops, "loss": run.runtime.loss, "params": run.parameters}
+    return config, run.runtime, ours
 
 
 def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
@@ -113,10 +104,12 @@ def build_pair(arch_name: str, seq: int, vocab: int, device, smoke: bool):
 
 
 def train_step(side: dict, batch: torch.Tensor, generator, clip: float, autocast) -> None:
-    if "collator" in side:  # Hugging Face: the collator masks (or copies labels), the model takes its dict
-        features = {k: v.to(batch.device) for k, v in side["collator"]([{"input_ids": row} for row in batch.cpu()]).items()}
-    else:
-        features = side["objective"].batch(batch, generator)
+    """Ours: the run's own step (Run.step). Hugging Face: its collator masks (or copies labels), the model takes
+    its dict, and the step is the usual clip and AdamW update."""
+    if "run" in side:
+        side["run"].step(batch, generator)
+        return
+    features = {k: v.to(batch.device) for k, v in side["collator"]([{"input_ids": row} for row in batch.cpu()]).items()}
     with autocast():
         loss = side["step_model"](**features).loss
     loss.backward()
