@@ -78,6 +78,15 @@ def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 30
     return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_eval(*overrides: str, tmp_path: Path, timeout: int = 600, env: dict | None = None):
+    """Run `python eval.py` as a user would, its Hydra folder and results table under `tmp_path`; `env` replaces
+    the environment. Each eval CLI test file binds its preset and fast recipe (functools.partial)."""
+    args = [sys.executable, str(REPO / "eval.py"), *overrides, f"hydra.run.dir={tmp_path}/eval",
+            f"eval.results_table={tmp_path}/results.csv"]
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def last_line_path(result, prefix: str) -> Path:
     lines = result.stdout.strip().splitlines()
     assert lines and lines[-1].startswith(prefix), result.stdout[-2000:] + result.stderr[-3000:]

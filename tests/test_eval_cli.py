@@ -2,14 +2,13 @@
 
 import csv
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, last_line_path, needs_shared, one_line_error
+from conftest import REPO, last_line_path, needs_shared, one_line_error, run_eval
 
 from cramming.errors import UserError
 
@@ -27,13 +26,6 @@ def evaluate_in_process(*overrides, tmp_path):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="eval", overrides=[*overrides, f"eval.results_table={tmp_path}/results.csv"])
     return evaluate(load_eval_config(cfg), tmp_path / "eval")
-
-
-def run_eval(*overrides, tmp_path, timeout=600):
-    args = [sys.executable, str(REPO / "eval.py"), *overrides, f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_glue_subset_end_to_end(real_pretrain_run, tmp_path):

@@ -2,16 +2,16 @@
 checkpoint, MLM and causal, and its bad input: one `error:` line naming file and line, exit 2, no results."""
 
 import csv
+import functools
 import json
-import os
 import statistics
-import subprocess
-import sys
 
+import conftest
 import pytest
-from conftest import REPO, last_line_path, one_line_error, run_pretrain
+from conftest import last_line_path, one_line_error, run_pretrain
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=16"]
+run_eval = functools.partial(conftest.run_eval, "eval=ner", *FAST)
 SENTENCES = [  # (word, POS, chunk, IOB1 tag)
     [("EU", "NNP", "B-NP", "I-ORG"), ("rejects", "VBZ", "B-VP", "O"), ("German", "JJ", "B-NP", "I-MISC"),
      ("call", "NN", "I-NP", "O"), (".", ".", "O", "O")],
@@ -40,13 +40,6 @@ def data_dir(tmp_path):
     (folder / "valid.txt").write_text(conll([*SENTENCES, LONG, [("€", "SYM", "O", "O"), ("5", "CD", "I-NP", "O")]]),
                                       encoding="utf-8")
     return folder
-
-
-def run_eval(*overrides, tmp_path, timeout=600):
-    args = [sys.executable, str(REPO / "eval.py"), "eval=ner", *FAST, *overrides, f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
-    return subprocess.run(args, check=False, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_ner_end_to_end(smoke_checkpoint, data_dir, tmp_path):

@@ -3,17 +3,17 @@ here, with a two-step checkpoint (MLM, and a causal one); and a misplaced answer
 results.json, no CSV row."""
 
 import csv
+import functools
 import json
-import os
 import random
-import subprocess
-import sys
 
+import conftest
 import pytest
-from conftest import REPO, last_line_path, one_line_error, run_pretrain
+from conftest import last_line_path, one_line_error, run_pretrain
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=64",
         "eval.squad.doc_stride=16", "eval.squad.max_query_length=16"]
+run_eval = functools.partial(conftest.run_eval, "eval=squad")
 WORDS = ["river", "mountain", "city", "king", "queen", "north", "south", "bridge", "tower", "garden", "market", "winter", "summer", "lake"]
 
 
@@ -41,13 +41,6 @@ def write_squad(folder, version: str, n: int = 12, seed: int = 0):
         document = {"version": version.removeprefix("v"), "data": [{"title": split, "paragraphs": paragraphs}]}
         (folder / f"{split}-{version}.json").write_text(json.dumps(document, indent=1))
     return folder
-
-
-def run_eval(*overrides, tmp_path, timeout=600):
-    args = [sys.executable, str(REPO / "eval.py"), "eval=squad", *overrides, f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
-    return subprocess.run(args, check=False, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_squad_v11_and_v20_end_to_end(smoke_checkpoint, tmp_path):

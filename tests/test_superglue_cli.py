@@ -1,17 +1,16 @@
 """`python eval.py eval=superglue` end to end on the fixtures (tests/fixtures/superglue, the original layout) with a
 two-step checkpoint, and its bad input: one `error:` line, exit 2, before any training."""
 
+import functools
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
-from conftest import REPO, last_line_path, one_line_error
+from conftest import last_line_path, one_line_error
 from safetensors.torch import load_file
 
 from cramming.eval.span import build_span_model
@@ -19,16 +18,10 @@ from cramming.eval.superglue_metrics import DIAGNOSTICS, SUPERGLUE_SET
 
 FIXTURES = Path(__file__).parent / "fixtures" / "superglue"
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=64"]
+run_eval = functools.partial(conftest.run_eval, "eval=superglue")
 METRICS = {"boolq": {"accuracy"}, "cb": {"accuracy", "f1_macro"}, "copa": {"accuracy"},
            "multirc": {"f1a", "exact_match"}, "record": {"f1", "exact_match"}, "rte": {"accuracy"},
            "wic": {"accuracy"}, "wsc": {"accuracy"}}
-
-
-def run_eval(*overrides, tmp_path, timeout=600):
-    args = [sys.executable, str(REPO / "eval.py"), "eval=superglue", *overrides, f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
-    return subprocess.run(args, check=False, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_superglue_end_to_end(smoke_checkpoint, tmp_path):

@@ -4,11 +4,10 @@ a two-step MLM checkpoint and once with a causal one; bad data: one `error:` lin
 import csv
 import json
 import os
-import subprocess
-import sys
 
+import conftest
 import pytest
-from conftest import REPO, last_line_path, one_line_error, run_pretrain
+from conftest import last_line_path, one_line_error, run_pretrain
 from test_swag_race import race_article, swag_row, write_race, write_swag
 
 pytestmark = pytest.mark.slow
@@ -16,11 +15,9 @@ FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.re
 
 
 def run_eval(preset, checkpoint, data, tmp_path, *overrides):
-    args = [sys.executable, str(REPO / "eval.py"), f"eval={preset}", f"checkpoint={checkpoint}",
-            f"eval.data_dir={data}", *FAST, *overrides, f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
-    env = {k: v for k, v in os.environ.items() if k not in ("SWAG_DIR", "RACE_DIR")} | {"PYTHONUNBUFFERED": "1"}
-    return subprocess.run(args, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k not in ("SWAG_DIR", "RACE_DIR")}
+    return conftest.run_eval(f"eval={preset}", f"checkpoint={checkpoint}", f"eval.data_dir={data}", *FAST, *overrides,
+                             tmp_path=tmp_path, env=env)
 
 
 def csv_rows(tmp_path) -> list[dict]:

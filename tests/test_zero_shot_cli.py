@@ -1,21 +1,15 @@
 """`python eval.py eval=zero-shot` and `eval=lm-eval` end to end on a two-step causal checkpoint and small files in
 HellaSwag's format, and their bad input: one `error:` line, exit 2, no results.json and no CSV row."""
 
+import functools
 import json
-import os
-import subprocess
-import sys
 
+import conftest
 import pytest
-from conftest import REPO, last_line_path, one_line_error
+from conftest import last_line_path, one_line_error
 from test_zero_shot import HELLASWAG, needs_lm_eval, write_jsonl, write_tasks
 
-
-def run_eval(*overrides, tmp_path, timeout=600):
-    args = [sys.executable, str(REPO / "eval.py"), *overrides, "impl=cpu", f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
-    return subprocess.run(args, check=False, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                          text=True, timeout=timeout)
+run_eval = functools.partial(conftest.run_eval, "impl=cpu")
 
 
 def assert_nothing_written(tmp_path):

@@ -17,7 +17,7 @@ from transformers import AutoModelForMultipleChoice
 
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
-from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
+from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
 
 
 @dataclass
@@ -100,13 +100,13 @@ def finetune_choices(checkpoint, tokenizer, task, recipe, seed, runtime, random_
 
     def predict(split):
         questions = dev[split]
-        order = sorted(range(len(questions)), key=lambda i: max(map(len, questions[i])))
         picks = np.empty(len(questions), dtype=np.int64)
-        step = recipe.batch_size * PREDICT_BATCHES
-        for start in range(0, len(order), step):
-            chunk = order[start:start + step]
-            with autocast():
-                logits = model(**collate_choices([questions[i] for i in chunk], pad_id, device)).logits
+
+        def forward(chunk):
+            return model(**collate_choices([questions[i] for i in chunk], pad_id, device)).logits
+
+        for chunk, logits in in_chunks(len(questions), recipe.batch_size, autocast, forward,
+                                       length=lambda i: max(map(len, questions[i]))):
             picks[chunk] = logits.float().argmax(-1).cpu().numpy()
         return picks
 

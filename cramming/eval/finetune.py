@@ -102,16 +102,28 @@ def build_optimizer(model, recipe, fused: bool = True) -> torch.optim.AdamW:
                              weight_decay=recipe.weight_decay, fused=fused)
 
 
+def in_chunks(count: int, batch_size: int, autocast, forward, length=None):
+    """Every head's dev-set prediction loop: the items 0..count-1 in chunks of PREDICT_BATCHES training batches
+    (shortest first when `length` is given, so a chunk pads little); yields each chunk's indices with
+    forward(chunk), run under autocast. run_epochs calls the heads' predict under inference_mode."""
+    order = sorted(range(count), key=length) if length else list(range(count))
+    step = batch_size * PREDICT_BATCHES
+    for start in range(0, count, step):
+        chunk = order[start:start + step]
+        with autocast():
+            out = forward(chunk)
+        yield chunk, out
+
+
 @torch.inference_mode()
 def predict(model, ids, pad_id, batch_size, device, autocast, regression: bool) -> np.ndarray:
     model.eval()
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = np.empty(len(ids), dtype=np.float64 if regression else np.int64)
-    step = batch_size * PREDICT_BATCHES
-    for start in range(0, len(order), step):
-        chunk = order[start:start + step]
-        with autocast():
-            logits = model(**collate([ids[i] for i in chunk], pad_id, device)).logits.float()
+
+    def forward(chunk):
+        return model(**collate([ids[i] for i in chunk], pad_id, device)).logits.float()
+
+    for chunk, logits in in_chunks(len(ids), batch_size, autocast, forward, length=lambda i: len(ids[i])):
         out[chunk] = (logits[:, 0] if regression else logits.argmax(-1)).cpu().numpy()
     return out
 

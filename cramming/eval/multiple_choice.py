@@ -7,13 +7,14 @@ entity's score on its own with a logistic loss ("the probability of each candida
 others", as the baseline did), and predicts the best-scoring one per query.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .finetune import HEADS, PREDICT_BATCHES, build_classifier, collate, run_epochs
+from .finetune import HEADS, build_classifier, collate, in_chunks, run_epochs
 
 
 def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:
@@ -69,11 +70,13 @@ class CandidateScoring:
 
         def predict(split):
             questions, picks = dev[split], []
-            step = recipe.batch_size * PREDICT_BATCHES
-            for start in range(0, len(questions), step):
-                rows = questions[start:start + step]
-                logits = option_logits(model, [r for options in rows for r in options], pad_id, device, autocast)
-                picks += [int(chunk.argmax()) for chunk in torch.split(logits, [len(o) for o in rows])]
+
+            def forward(chunk):
+                rows = [r for i in chunk for r in questions[i]]
+                return option_logits(model, rows, pad_id, device, contextlib.nullcontext)
+
+            for chunk, logits in in_chunks(len(questions), recipe.batch_size, autocast, forward):
+                picks += [int(scores.argmax()) for scores in torch.split(logits, [len(questions[i]) for i in chunk])]
             return np.array(picks)
 
         lengths = [max(len(r) for r in options) * len(options) for options in train]

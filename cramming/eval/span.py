@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoModel
 
 from ..errors import UserError
-from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
+from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
 
 
 class SpanPairClassifier(nn.Module):
@@ -79,13 +79,13 @@ def finetune_span_pairs(checkpoint, tokenizer, task, recipe, seed, runtime, rand
 
     def predict(split):
         split_ids, split_positions = dev[split]
-        out, step = [], recipe.batch_size * PREDICT_BATCHES
-        for start in range(0, len(split_ids), step):
-            with autocast():
-                logits = model(**collate_spans(split_ids[start:start + step], split_positions[start:start + step],
-                                               pad_id, device))
-            out += logits.argmax(-1).tolist()
-        return np.array(out)
+
+        def forward(chunk):
+            return model(**collate_spans([split_ids[i] for i in chunk], [split_positions[i] for i in chunk], pad_id,
+                                         device))
+
+        chunks = in_chunks(len(split_ids), recipe.batch_size, autocast, forward)
+        return np.array([pick for _, logits in chunks for pick in logits.argmax(-1).tolist()])
 
     return run_epochs(task, recipe, seed, runtime, model, [len(r) for r in ids], batch_loss, predict, label, progress)
 

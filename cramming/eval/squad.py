@@ -18,7 +18,7 @@ from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .benchmarks import BENCHMARKS, _check_task_list
 from .config import recipe_for
-from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
+from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
 from .squad_data import SQUAD_TASKS, SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
 from .squad_windows import decode_answers, encode_windows
@@ -90,14 +90,14 @@ def finetune_squad(checkpoint, tokenizer, task: SquadTask, recipe, seed, runtime
 
     def predict(split):
         windows, start_logits, end_logits = dev[split], [], []
-        step = recipe.batch_size * PREDICT_BATCHES
-        for begin in range(0, len(windows), step):
-            chunk = windows[begin:begin + step]
-            with autocast():
-                out = model(**collate([w.ids for w in chunk], pad_id, device))
-            for k, w in enumerate(chunk):
-                start_logits.append(out.start_logits[k, :len(w.ids)].float().cpu().numpy())
-                end_logits.append(out.end_logits[k, :len(w.ids)].float().cpu().numpy())
+
+        def forward(chunk):
+            return model(**collate([windows[i].ids for i in chunk], pad_id, device))
+
+        for chunk, out in in_chunks(len(windows), recipe.batch_size, autocast, forward):
+            for k, i in enumerate(chunk):
+                start_logits.append(out.start_logits[k, :len(windows[i].ids)].float().cpu().numpy())
+                end_logits.append(out.end_logits[k, :len(windows[i].ids)].float().cpu().numpy())
         last[split] = decode_answers(task.dev[split], windows, start_logits, end_logits, task.options, task.version)
         return last[split]
 

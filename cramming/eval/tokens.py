@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForTokenClassification
 
 from ..errors import UserError
-from .finetune import HEADS, PREDICT_BATCHES, auto_model, collate, run_epochs
+from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
 
 log = logging.getLogger(__name__)
 IGNORED = -100  # the label of pieces that are not a word's first: cross-entropy skips them
@@ -81,14 +81,13 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def predict_tags(model, encoded: EncodedWords, labels: list[str], pad_id, batch_size, device, autocast):
     """Each sentence's tags: the argmax at every word's first piece; O for a word without one."""
     out = [["O"] * len(firsts) for firsts in encoded.firsts]
-    order = sorted(range(len(encoded.ids)), key=lambda i: len(encoded.ids[i]))
-    step = batch_size * PREDICT_BATCHES
-    for start in range(0, len(order), step):
-        chunk = order[start:start + step]
-        with autocast():
-            logits = model(**collate([encoded.ids[i] for i in chunk], pad_id, device)).logits
-        best = logits.argmax(-1).cpu().tolist()
-        for row, i in zip(best, chunk):
+
+    def forward(chunk):
+        return model(**collate([encoded.ids[i] for i in chunk], pad_id, device)).logits
+
+    for chunk, logits in in_chunks(len(encoded.ids), batch_size, autocast, forward,
+                                   length=lambda i: len(encoded.ids[i])):
+        for row, i in zip(logits.argmax(-1).cpu().tolist(), chunk):
             out[i] = [labels[row[p]] if p >= 0 else "O" for p in encoded.firsts[i]]
     return out
 

@@ -1,0 +1,62 @@
+"""eval's one prediction loop (finetune.in_chunks): every item predicted once, each prediction landing on its own
+item whatever the chunking and the length sort, for the sequence classifier and the token tagger alike."""
+
+import contextlib
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from cramming.eval.finetune import PREDICT_BATCHES, in_chunks, predict
+from cramming.eval.tokens import EncodedWords, predict_tags
+
+LABELS = 3
+
+
+class RowModel(torch.nn.Module):
+    """Logits that name each row: its class is the sum of its ids mod LABELS (padding adds nothing), and each
+    token's class (token_logits) its own id mod LABELS."""
+
+    def forward(self, input_ids, attention_mask):
+        sums = (input_ids * attention_mask).sum(-1)
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(sums % LABELS, LABELS).float(),
+                               token_logits=torch.nn.functional.one_hot(input_ids % LABELS, LABELS).float())
+
+
+def rows(count: int = 37, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 50) for _ in range(rng.randrange(1, 12))] for _ in range(count)]
+
+
+def test_every_item_is_predicted_once_in_chunks_of_the_predict_batches():
+    ids = rows()
+    seen = [i for chunk, _ in in_chunks(len(ids), 2, contextlib.nullcontext, lambda c: None,
+                                        length=lambda i: len(ids[i])) for i in chunk]
+    assert sorted(seen) == list(range(len(ids)))
+    chunks = [chunk for chunk, _ in in_chunks(len(ids), 2, contextlib.nullcontext, lambda c: None)]
+    assert [len(c) for c in chunks[:-1]] == [2 * PREDICT_BATCHES] * (len(chunks) - 1)
+    sorted_chunks = [chunk for chunk, _ in in_chunks(len(ids), 2, contextlib.nullcontext, lambda c: None,
+                                                     length=lambda i: len(ids[i]))]
+    lengths = [len(ids[i]) for chunk in sorted_chunks for i in chunk]
+    assert lengths == sorted(lengths)  # shortest first: a chunk pads little
+
+
+def test_the_classifier_predicts_each_row_its_own_label():
+    ids = rows()
+    classes = predict(RowModel(), ids, 0, 2, "cpu", contextlib.nullcontext, regression=False)
+    np.testing.assert_array_equal(classes, [sum(r) % LABELS for r in ids])
+
+
+def test_the_tagger_tags_each_words_first_piece():
+    ids = rows(seed=1)
+    firsts = [[p for p in range(len(r)) if p % 2 == 0] + [-1] for r in ids]  # a last word without a piece: O
+    labels = ["O", "B-X", "I-X"]
+
+    class Tagger(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return SimpleNamespace(logits=RowModel()(input_ids, attention_mask).token_logits)
+
+    tags = predict_tags(Tagger(), EncodedWords(ids, [[]] * len(ids), firsts), labels, 0, 2, "cpu",
+                        contextlib.nullcontext)
+    assert tags == [[labels[r[p] % LABELS] if p >= 0 else "O" for p in f] for r, f in zip(ids, firsts)]
