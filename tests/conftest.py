@@ -196,8 +196,16 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
 SLOW_FIXTURES = {"smoke_checkpoint", "causal_checkpoint", "real_pretrain_run"}
 
 
+# Tests of our tooling rather than of the product: the benchmark, GPU-check and record scripts, the declared layers,
+# the deliberate-breaks list and transformers' common tests harness. `-m "not tooling"` leaves them out.
+TOOLING_MODULES = {"test_bench", "test_bench_kernels", "test_bench_original", "test_gpu_checks", "test_gpu_checks_cli",
+                   "test_record", "test_layers", "test_deliberate_breaks", "test_hf_common"}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in TOOLING_MODULES:
+            item.add_marker(pytest.mark.tooling)
         if (item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.originalname in SLOW_TESTS
                 or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)

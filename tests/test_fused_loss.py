@@ -76,3 +76,19 @@ def test_models_train_the_same_with_the_fused_loss(model_class, extra):
     fused.eval()  # evaluation wants the logits: the plain path
     with torch.no_grad():
         assert fused(input_ids=ids, labels=labels).logits is not None
+
+
+@pytest.mark.parametrize("impl", ["plain", "fused"])
+def test_per_token_is_the_mean_over_the_predicted_rows_and_each_rows_own_loss(impl):
+    """What token dropping trains on (a dense head, arch.sparse_prediction=false, sees ignored rows too): the loss
+    is the mean over the rows with a target, as F.cross_entropy's ignore_index takes it, and each row's own
+    loss is 0 where its target is -100."""
+    from cramming.model.losses import LOSSES
+
+    torch.manual_seed(0)
+    hidden, decoder = torch.randn(10, 24), torch.nn.Linear(24, 53)
+    targets = torch.tensor([3, -100, 7, 52, 0, -100, 11, 11, 40, 2])
+    loss, _, rows = LOSSES[impl].per_token(hidden, decoder, targets, training=True)
+    logits = decoder(hidden).float()
+    torch.testing.assert_close(loss, F.cross_entropy(logits, targets, ignore_index=-100))
+    torch.testing.assert_close(rows, F.cross_entropy(logits, targets, ignore_index=-100, reduction="none"))
