@@ -4,6 +4,7 @@ acts on what DeepSpeed reports, and what DeepSpeed cannot do is one line before 
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 import types
@@ -73,7 +74,15 @@ def test_bf16_zero2_stops_on_one_ranks_signal_and_resumes_exactly(tmp_path):
     assert logged_steps(tmp_path / "stopped") == list(range(1, 25))
 
 
-TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
+def free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+# A port of this process's own: pytest-xdist's workers may each run some of these tests at the same time.
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": free_port()}
 
 
 @pytest.fixture(scope="module")
