@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from cramming.eval.metrics import (
+from cramming.eval.glue_metrics import (
     HARMONIC_FLOOR,
     accuracy,
     compute_metrics,

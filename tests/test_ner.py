@@ -14,7 +14,7 @@ from cramming.eval.config import EvalConfig, EvalRunConfig
 from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
 from cramming.eval.tasks import HubUnreachable
-from cramming.eval.tokens import IGNORED, encode_words, predict_tags, token_loss
+from cramming.eval.token_head import IGNORED, encode_words, predict_tags, token_loss
 from cramming.validation import validate_eval
 
 TRAIN = """-DOCSTART- -X- -X- O

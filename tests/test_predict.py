@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from cramming.eval.finetune import PREDICT_BATCHES, in_chunks, predict
-from cramming.eval.tokens import EncodedWords, predict_tags
+from cramming.eval.token_head import EncodedWords, predict_tags
 
 LABELS = 3
 

@@ -13,7 +13,7 @@ import torch
 from conftest import last_line_path, one_line_error
 from safetensors.torch import load_file
 
-from cramming.eval.span import build_span_model
+from cramming.eval.span_head import build_span_model
 from cramming.eval.superglue_metrics import DIAGNOSTICS, SUPERGLUE_SET
 
 FIXTURES = Path(__file__).parent / "fixtures" / "superglue"

@@ -13,9 +13,9 @@ from transformers import PreTrainedTokenizerFast
 
 from cramming.errors import UserError
 from cramming.eval.benchmarks import BENCHMARKS
-from cramming.eval.choice_head import ChoiceExample, collate_choices, encode_choices, token_limit
 from cramming.eval.config import EvalConfig
 from cramming.eval.finetune import HEADS, score
+from cramming.eval.multiple_choice_head import ChoiceExample, collate_choices, encode_choices, token_limit
 from cramming.eval.swag_race import fill_blank, load_race, load_swag
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",

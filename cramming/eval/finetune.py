@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, get_scheduler
 
 from ..registry import Registry
-from .metrics import compute_metrics
+from .glue_metrics import compute_metrics
 from .tasks import TaskData
 
 SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule

@@ -4,7 +4,7 @@ The column format: one word per line, columns separated by spaces (or tabs), the
 word, POS, chunk, NER), the same number of columns on every word line of a file; blank lines end sentences;
 `-DOCSTART-` lines (document boundaries) are skipped. Tags are IOB1 or IOB2 (ner_metrics.py). The labels are `O` and
 B-/I- of each entity type in the train file; a dev tag of another type is an error. Dev (CoNLL's testa) is scored; the
-test file (testb) is never read. The model is the token classifier of tokens.py.
+test file (testb) is never read. The model is the token classifier of token_head.py.
 """
 
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..hub import offline_flag, offline_reason
-from . import tokens  # noqa: F401  registers the "tokens" head (finetune.HEADS)
+from . import token_head  # noqa: F401  registers the "tokens" head (finetune.HEADS)
 from .benchmarks import BENCHMARKS, Custom, _check_task_list
 from .ner_metrics import entity_scores, valid_tag
 from .tasks import HubUnreachable, TaskData

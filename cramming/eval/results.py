@@ -5,7 +5,7 @@ import statistics
 from pathlib import Path
 
 from ..atomic import atomic_open, locked
-from .metrics import glue_average
+from .glue_metrics import glue_average
 from .tasks import GLUE_COLUMNS as COLUMNS  # the GLUE paper's order; each column a key of glue_average's scores
 from .tasks import GLUE_TASKS
 

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from .metrics import _pair  # the same shape and emptiness checks as GLUE's metrics
+from .glue_metrics import _pair  # the same shape and emptiness checks as GLUE's metrics
 
 SUPERGLUE_SET = ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc")  # averaged
 DIAGNOSTICS = ("axb", "axg")  # reported beside the average, never in it

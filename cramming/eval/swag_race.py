@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError, check
 from .benchmarks import BENCHMARKS, Glue, _check_task_list
-from .choice_head import ChoiceExample
+from .multiple_choice_head import ChoiceExample
 from .tasks import TaskData, load_hub
 
 SWAG_HUB, SWAG_CONFIG = "allenai/swag", "regular"
