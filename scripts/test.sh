@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Command 2: install, then run the whole test suite (CPU; about 15 minutes on 2 cores). Extra args go to pytest.
+# Command 2: install, then run the whole test suite (CPU; about 17 minutes on 2 cores). Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

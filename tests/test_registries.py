@@ -6,7 +6,7 @@ import torch
 
 from cramming.config import PretrainConfig
 from cramming.errors import UserError
-from cramming.eval.finetune import SCHEDULES as FINETUNE_SCHEDULES
+from cramming.eval.finetune import FINETUNE_SCHEDULES
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.model.attention import eager_attention
 from cramming.model.patterns import PATTERNS, Local

@@ -31,7 +31,7 @@ class Recipe:
 
     RULES: ClassVar[dict] = {"lr": "> 0", "epochs": ">= 1", "batch_size": ">= 1", "max_length": ">= 8",
                              "warmup_fraction": "[0, 1)", "dropout": "[0, 1)"}  # cramming/rules.py
-    REGISTRIES: ClassVar[dict] = {"schedule": "eval.finetune:SCHEDULES"}
+    REGISTRIES: ClassVar[dict] = {"schedule": "eval.finetune:FINETUNE_SCHEDULES"}
 
 
 @dataclass

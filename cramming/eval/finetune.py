@@ -17,7 +17,7 @@ from ..registry import Registry
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
 
-SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule
+FINETUNE_SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ for _name, _transformers_name, _about in (
         ("cosine", "cosine", "Warm-up, then a cosine from the peak to 0."),
         ("linear", "linear", "Warm-up, then a straight line from the peak to 0 (BERT's fine-tuning)."),
         ("constant", "constant_with_warmup", "Warm-up, then the peak to the end.")):
-    SCHEDULES.register(_name, about=_about)(FinetuneSchedule(_transformers_name))
+    FINETUNE_SCHEDULES.register(_name, about=_about)(FinetuneSchedule(_transformers_name))
 
 
 # Rows are sorted by length within windows of this many batches: batches pad little, yet stay mixed in order.
@@ -201,7 +201,8 @@ def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, pr
     rng = random.Random(seed)
     optimizer = build_optimizer(model, recipe)
     total = steps_per_run(task, recipe)
-    scheduler = SCHEDULES.get_or_explain(recipe.schedule).build(optimizer, int(recipe.warmup_fraction * total), total)
+    schedule = FINETUNE_SCHEDULES.get_or_explain(recipe.schedule)
+    scheduler = schedule.build(optimizer, int(recipe.warmup_fraction * total), total)
     scaler, curve = runtime.grad_scaler(), []
     for epoch in range(1, recipe.epochs + 1):
         model.train()
