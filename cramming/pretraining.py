@@ -24,7 +24,7 @@ from .data.tokenizer import SPECIAL_IDS
 from .engines import env_rank
 from .errors import refuse
 from .kernels import autotune_seconds
-from .run import build_model, build_run, count_parameters, flops_per_token
+from .run import build_model, build_run, count_parameters, flops_per_token, quiet
 from .train.averaging import average_final, build_averaging
 from .train.checkpoint import save_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
@@ -130,7 +130,7 @@ def resume(config: PretrainConfig, run_dir: Path, engine, model, optimizer, scal
 
 
 def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_start: float) -> dict:
-    say = print if engine.main else (lambda *args, **kwargs: None)
+    say = print if engine.main else quiet
     if engine.main:
         run_dir.mkdir(parents=True, exist_ok=True)
     runtime.device = engine.device(runtime.device)
