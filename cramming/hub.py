@@ -48,6 +48,46 @@ def _probe(endpoint: str) -> str | None:
     return None
 
 
+class HubUnreachable(UserError):
+    """The hub could not serve a task's data: the same is then true of every other task in this run."""
+
+    def __init__(self, task: str, reason: str):
+        self.reason = reason  # without the task's name, so a run with many tasks can say it once
+        super().__init__(f"{task}: {reason}")
+
+
+def hub_dataset(task: str, dataset: str, config: str | None = None, *, fix: str, **kwargs):
+    """The one way a task reads the hub: datasets.load_dataset(dataset, config, **kwargs), offline from the datasets
+    cache, else HubUnreachable naming `fix` (what to pass instead). Datasets 4+ runs no loading scripts; a script
+    dataset is read from the hub's parquet conversion of it."""
+    reason, cached = offline_reason(), in_datasets_cache(dataset, config)
+    if reason and not (cached and offline_flag()):  # offline mode reads the cache; else nothing could answer
+        hint = ", or set HF_HUB_OFFLINE=1 to use its cached copy" if cached else ""
+        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({reason})"
+                             f"{'' if cached else ' and not in the datasets cache'}; pass {fix}{hint}")
+    try:
+        from datasets import load_dataset
+
+        try:
+            return load_dataset(dataset, config, **kwargs)
+        except RuntimeError as err:
+            if "scripts are no longer supported" not in str(err):
+                raise
+            return load_dataset(dataset, config, revision="refs/convert/parquet", **kwargs)
+    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
+        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({detail}); offline, pass {fix}"
+                             ) from None
+
+
+def in_datasets_cache(dataset: str, config: str | None) -> bool:
+    """Whether the datasets cache holds this dataset (its `config`, or any when None): what load_dataset reads
+    offline."""
+    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
+    cache = Path(os.environ.get("HF_DATASETS_CACHE", os.path.join(home, "datasets"))).expanduser()
+    return any(p.is_dir() for p in (cache / dataset.replace("/", "___")).glob(f"{config or '*'}/*/*"))
+
+
 def model_folder(key: str, value: str, allow_code: bool = False, allow_key: str = "eval.trust_remote_code") -> Path:
     """`value` as a local folder, else as a hub model id (downloaded, or found in the hub cache). Code that came
     with it and is not ours is refused, unless `allow_code` (the option `allow_key`)."""

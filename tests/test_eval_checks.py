@@ -15,7 +15,6 @@ from test_eval_cli import FAST, evaluate_in_process, run_eval
 from cramming import hub
 from cramming.errors import UserError
 from cramming.eval import recipe as evaluation
-from cramming.eval import tasks as tasks_module
 from cramming.eval.finetune import train_step
 from cramming.eval.tasks import GLUE_SET, GLUE_TASKS
 from cramming.hub import OFFLINE_VARIABLES
@@ -161,7 +160,7 @@ def test_hub_failure_after_probe_is_tried_once_and_each_task_names_itself(monkey
         calls.append(config)
         raise ConnectionError("503 Service Unavailable")
 
-    monkeypatch.setattr(tasks_module, "offline_reason", lambda: None)
+    monkeypatch.setattr(hub, "offline_reason", lambda: None)
     monkeypatch.setattr(datasets, "load_dataset", failing_load_dataset)
     config = eval_config("checkpoint=somewhere", "eval.data_dir=null", "eval.tasks=[rte,cola,qnli]",
                          "eval.skip_missing=true")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_shared
 
+from cramming import hub
 from cramming.errors import UserError
 from cramming.eval import tasks
 from cramming.eval.custom import load_custom_task
@@ -250,7 +251,7 @@ def test_hub_rows_map_to_examples(monkeypatch):
             "train", "validation_matched", "validation_mismatched", "test_matched", "test_mismatched")})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.setattr(tasks, "offline_reason", lambda: None)  # as if the hub were reachable
+    monkeypatch.setattr(hub, "offline_reason", lambda: None)  # as if the hub were reachable
     task = load_task("mnli", None)
     assert task.source == "hub:nyu-mll/glue/mnli" and set(task.dev) == {"matched", "mismatched"}
     assert [(e.text_a, e.text_b, e.label) for e in task.dev["mismatched"]] == [("P0", "H0", 2), ("P1", "H1", 0)]

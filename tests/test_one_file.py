@@ -220,7 +220,8 @@ BENCHMARK = '''
     in the sentence odd? Generated, so it needs no data folder."""
     import random
 
-    from cramming.eval.benchmarks import BENCHMARKS, Custom
+    from cramming.eval.benchmarks import Benchmark
+    from cramming.eval.kinds import BENCHMARKS
     from cramming.eval.tasks import Example, TaskData
 
 
@@ -233,25 +234,19 @@ BENCHMARK = '''
         return rows
 
 
-    @BENCHMARKS.register_one("parity")
-    class Parity(Custom):
-        title = "Parity"
+    def load(name, e):
+        return TaskData(name="parity", train=examples(32, 0), dev={"dev": examples(8, 1)}, label_names=["even", "odd"],
+                        metric_names=["accuracy"], main_metric="accuracy", source="generated")
 
-        def validate(self, e):
-            """Its one task needs no settings: nothing to refuse."""
 
-        def trained(self, e):
-            return ["parity"]
-
-        def load(self, name, e):
-            return TaskData(name="parity", train=examples(32, 0), dev={"dev": examples(8, 1)},
-                            label_names=["even", "odd"], metric_names=["accuracy"], main_metric="accuracy",
-                            source="generated")
+    # One task that needs no settings: nothing to check, no average, no published scores.
+    BENCHMARKS.register("parity", about="Is the count of the word odd in the sentence odd? Generated.")(
+        Benchmark("Parity", "parity", load, trained=lambda e: ["parity"], published=False))
 '''
 
 
 def test_a_glue_style_benchmark_is_one_file(one_file, smoke_checkpoint, tmp_path):
-    from cramming.eval.benchmarks import BENCHMARKS
+    from cramming.eval.kinds import BENCHMARKS
     from cramming.eval.recipe import evaluate
     from cramming.validation import load_eval_config
 

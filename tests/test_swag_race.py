@@ -12,9 +12,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from cramming.errors import UserError
-from cramming.eval.benchmarks import BENCHMARKS
 from cramming.eval.config import EvalConfig
-from cramming.eval.finetune import HEADS, score
+from cramming.eval.finetune import score
+from cramming.eval.kinds import BENCHMARKS, HEADS
 from cramming.eval.multiple_choice_head import ChoiceExample, collate_choices, encode_choices, token_limit
 from cramming.eval.swag_race import fill_blank, load_race, load_swag
 
@@ -224,7 +224,7 @@ def test_the_hub_paths_ask_for_allenai_swag_and_ehovy_race(monkeypatch, tmp_path
                 for r in records for q, o, a in zip(r["questions"], r["options"], r["answers"])]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.setattr("cramming.eval.tasks.offline_reason", lambda: None)
+    monkeypatch.setattr("cramming.hub.offline_reason", lambda: None)
     hub, local = load_swag(None), load_swag(str(tmp_path / "swag"))
     assert hub.train == local.train and hub.dev == local.dev and hub.source == "hub:allenai/swag/regular"
     hub, local = load_race("race", None), load_race("race", str(tmp_path / "race"))

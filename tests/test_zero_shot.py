@@ -15,8 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from cramming.errors import UserError
 from cramming.eval.config import EvalConfig
 from cramming.eval.harness import LmEvalOptions, lm_eval_module
+from cramming.eval.kinds import BENCHMARKS
 from cramming.eval.zero_shot import (
-    ZeroShot,
     causal_refusal,
     choose,
     hellaswag_item,
@@ -195,9 +195,9 @@ def test_the_scorer_refuses_a_model_without_a_causal_head(smoke_checkpoint, caus
 
 def test_seeds_and_data_dir_are_checked():
     with pytest.raises(UserError, match="eval.seeds=2.*deterministic"):
-        ZeroShot().validate(EvalConfig(kind="zero-shot", tasks=["h"], data_dir="d", seeds=2))
+        BENCHMARKS["zero-shot"].validate(EvalConfig(kind="zero-shot", tasks=["h"], data_dir="d", seeds=2))
     with pytest.raises(UserError, match="eval.data_dir"):
-        ZeroShot().validate(EvalConfig(kind="zero-shot", tasks=["h"]))
+        BENCHMARKS["zero-shot"].validate(EvalConfig(kind="zero-shot", tasks=["h"]))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .finetune import HEADS, build_classifier, collate, in_chunks, run_epochs
+from .finetune import build_classifier, collate, in_chunks, run_epochs
 
 
 def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:
@@ -82,6 +82,3 @@ class CandidateScoring:
         lengths = [max(len(r) for r in options) * len(options) for options in train]
         return run_epochs(task, recipe, seed, runtime, model, lengths, batch_loss, predict, label, progress)
 
-
-HEADS.register("choice")(CandidateScoring(softmax_loss))
-HEADS.register("candidates")(CandidateScoring(logistic_loss))

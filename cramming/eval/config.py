@@ -71,7 +71,7 @@ class EvalConfig:
     lm_eval: LmEvalOptions = field(default_factory=LmEvalOptions)
 
     RULES: ClassVar[dict] = {"seeds": ">= 1", "baseline": ("random-init", None), "max_train_examples": "> 0 or null"}
-    REGISTRIES: ClassVar[dict] = {"kind": "eval.benchmarks:BENCHMARKS"}
+    REGISTRIES: ClassVar[dict] = {"kind": "eval.kinds:BENCHMARKS"}
 
 
 @dataclass

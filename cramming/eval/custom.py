@@ -7,7 +7,7 @@ import csv
 import math
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, check, check_choice
 from .jsonl import json_objects
 from .tasks import Example, TaskData
 
@@ -38,6 +38,18 @@ def load_custom_task(train_file: str, dev_file: str, text_fields: list[str], lab
     metrics = ["accuracy", "f1", "matthews"] if len(label_names) == 2 else ["accuracy", "matthews"]
     return TaskData("custom", _classes(train, index, train_file), {"dev": _classes(dev, index, dev_file)},
                     label_names, metrics, "accuracy", f"train={train_file} dev={dev_file}")
+
+
+def read(name: str, e) -> TaskData:
+    return load_custom_task(e.train_file, e.dev_file, list(e.text_fields), e.label_field, e.task_type)
+
+
+def refuse(e) -> None:
+    check(bool(e.train_file and e.dev_file), "eval.train_file", e.train_file,
+          "eval=custom needs eval.train_file and eval.dev_file")
+    check(1 <= len(e.text_fields) <= 2, "eval.text_fields", e.text_fields, "give one or two text fields")
+    if e.task_type is not None:
+        check_choice("eval.task_type", e.task_type, TASK_TYPES)
 
 
 def _read_rows(path: Path, text_fields: list[str], label_field: str) -> list[tuple[int, list[str], object]]:

@@ -222,8 +222,3 @@ def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, pr
         curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "train_seconds": round(train_seconds, 3),
                       "train_examples": len(train_lengths), "dev": scores})
     return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}
-
-
-# TaskData.head: the heads other than the sequence classifier above (SuperGLUE's COPA, ReCoRD, WSC), each a
-# function of finetune's arguments that builds, trains and scores its own model.
-HEADS = Registry("fine-tuning head")

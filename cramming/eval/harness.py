@@ -15,11 +15,9 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError, check
-from .benchmarks import BENCHMARKS
 from .config import LmEvalOptions
-from .finetune import HEADS
 from .tasks import TaskData
-from .zero_shot import ZeroShot, build_causal_lm
+from .zero_shot import build_causal_lm
 
 INSTALL = "pip install 'cramming[lm-eval]'"
 METRICS = ("acc", "acc_norm")  # what we take from each task, x100, where the task reports it
@@ -109,7 +107,6 @@ def task_metrics(results: dict, name: str) -> dict:
     return found
 
 
-@HEADS.register("lm-eval")
 def harness(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None) -> dict:
     """A head with nothing to train: lm-eval scores the checkpoint (or its untrained twin) on one task."""
     torch.manual_seed(seed)  # the random-init baseline's weights
@@ -118,22 +115,16 @@ def harness(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, lab
     return {"seed": seed, "curve": [], "final": {"dev": task_metrics(results, task.name)}}
 
 
-@BENCHMARKS.register_one("lm-eval")
-class LmEval(ZeroShot):
-    """eval.tasks are lm-eval task names (its own, or YAMLs in eval.lm_eval.include_path)."""
+def refuse(e) -> None:
+    check(bool(e.tasks) and len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks,
+          "name each lm-eval task once, e.g. eval.tasks=[hellaswag,arc_easy]")
+    check(e.seeds == 1, "eval.seeds", e.seeds, "zero-shot scoring is deterministic: use eval.seeds=1")
 
-    title = "lm-evaluation-harness"
-    published = True
-    summary_key = "lm_eval"
 
-    def validate(self, e) -> None:
-        check(bool(e.tasks) and len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks,
-              "name each lm-eval task once, e.g. eval.tasks=[hellaswag,arc_easy]")
-        check(e.seeds == 1, "eval.seeds", e.seeds, "zero-shot scoring is deterministic: use eval.seeds=1")
-
-    def load(self, name: str, e) -> TaskData:
-        check_task(name, task_manager(e.lm_eval))
-        source = f"lm-eval {name}" + (f" ({e.lm_eval.include_path})" if e.lm_eval.include_path else "")
-        source += f", first {e.lm_eval.limit} documents only" if e.lm_eval.limit else ""
-        return HarnessTask(name, [], {"dev": []}, None, list(METRICS), "acc", source, head="lm-eval", columns=METRICS,
-                           options=e.lm_eval)
+def read(name: str, e) -> TaskData:
+    """lm-eval's own task, checked to load and to report acc; lm-eval reads its data when it scores."""
+    check_task(name, task_manager(e.lm_eval))
+    source = f"lm-eval {name}" + (f" ({e.lm_eval.include_path})" if e.lm_eval.include_path else "")
+    source += f", first {e.lm_eval.limit} documents only" if e.lm_eval.limit else ""
+    return HarnessTask(name, [], {"dev": []}, None, list(METRICS), "acc", source, head="lm-eval", columns=METRICS,
+                       options=e.lm_eval)

@@ -1,8 +1,81 @@
-"""Every benchmark `eval.kind` can name and every fine-tuning head, registered in one place: importing BENCHMARKS from
-here (validation, the recipe, docs/options.md) sees them all. A new benchmark is a module that registers itself,
-named in the line below (or in $CRAMMING_PLUGINS)."""
+"""Every benchmark `eval.kind` can name and every fine-tuning head, declared and registered here, in one place:
+the benchmarks' fields read side by side (benchmarks.py says what each means), each family's reader, checks and
+metric in its own module. Validation, the recipe and docs/options.md read these registries. A benchmark or head of
+your own registers itself the same way from a file named in $CRAMMING_PLUGINS."""
 
-from . import candidates_head, harness, ner, span_head, squad, swag_race, zero_shot  # noqa: F401  each registers itself
-from .benchmarks import BENCHMARKS
+from ..registry import Registry
+from . import (
+    candidates_head,
+    custom,
+    harness,
+    multiple_choice_head,
+    ner,
+    span_head,
+    squad,
+    squad_data,
+    superglue,
+    swag_race,
+    tasks,
+    token_head,
+    zero_shot,
+)
+from .benchmarks import Benchmark
+from .results import glue_summary
+from .superglue_metrics import SUPERGLUE_SET, superglue_average
 
-__all__ = ["BENCHMARKS"]
+BENCHMARKS = Registry("benchmark", traits={  # eval.kind
+    "skippable": "eval.skip_missing applies: a task whose data is missing is skipped, not an error",
+    "published": "its tasks have published scores that a complete run's can stand beside (the model card says so)",
+})
+
+BENCHMARKS.register("glue", about="GLUE: the eight tasks of the paper's average (WNLI on request), each fine-tuned "
+                    "from the checkpoint.")(Benchmark(
+    "GLUE", "glue", lambda name, e: tasks.load_task(name, e.data_dir), task_table=tasks.GLUE_TASKS,
+    columns=tuple(tasks.GLUE_COLUMNS), average_set=tasks.GLUE_SET, skippable=True,
+    summarise=lambda scores, e: glue_summary(scores, e.include_wnli)))
+BENCHMARKS.register("superglue", about="SuperGLUE: the eight tasks and the two diagnostics, which the RTE model "
+                    "predicts (as SuperGLUE's baselines did).")(Benchmark(
+    "SuperGLUE", "superglue", superglue.read, task_table=superglue.SUPERGLUE_TASKS, average_set=SUPERGLUE_SET,
+    columns=(("BoolQ", "boolq"), ("CB", "cb"), ("COPA", "copa"), ("MultiRC", "multirc"), ("ReCoRD", "record"),
+             ("RTE", "rte"), ("WiC", "wic"), ("WSC", "wsc"), ("AX-b", "axb"), ("AX-g", "axg")),
+    trained=superglue.trained, check=superglue.refuse, skippable=True,
+    summarise=lambda scores, e: superglue_average(scores)))
+BENCHMARKS.register("custom", about="The user's own task (custom.py); no benchmark average, and its errors are "
+                    "never skipped.")(Benchmark(
+    "your own task", "custom", custom.read, trained=lambda e: ["custom"], check=custom.refuse, published=False))
+BENCHMARKS.register("ner", about="Named-entity recognition (docs/ner.md): a tag per word, entity-level F1; no "
+                    "average, errors never skipped.")(Benchmark(
+    "NER", "ner", lambda name, e: ner.load_ner_task(name, e.data_dir), task_table=ner.NER_TASKS,
+    columns=(("CoNLL-2003", "conll2003"),),
+    average_set=tuple(ner.NER_TASKS)))  # no average; listed so that eval.per_task names only tasks of eval.tasks
+BENCHMARKS.register("swag", about="SWAG's validation accuracy; no average.")(Benchmark(
+    "SWAG", "swag", lambda name, e: swag_race.load_swag(e.data_dir), task_table=("swag",), average_set=("swag",),
+    columns=(("SWAG", "swag"),)))
+BENCHMARKS.register("race", about="RACE's dev accuracy: race (both levels, scored whole and per level), or one "
+                    "level's model alone.")(Benchmark(
+    "RACE", "race", lambda name, e: swag_race.load_race(name, e.data_dir), task_table=tuple(swag_race.RACE_TASKS),
+    average_set=("race",), columns=(("RACE", "race"), ("RACE-h", "race-high"), ("RACE-m", "race-middle")),
+    check=swag_race.refuse_race))
+BENCHMARKS.register("squad", about="SQuAD v1.1 and v2.0 dev sets: each its own column (F1; exact match in "
+                    "results.json), no average.")(Benchmark(
+    "SQuAD", "squad", squad.load_squad_task, task_table=squad_data.SQUAD_TASKS,
+    columns=(("SQuAD1.1", "squad"), ("SQuAD2.0", "squad_v2")), check=squad.refuse))
+BENCHMARKS.register("zero-shot", about="eval.tasks name files <eval.data_dir>/<task>.jsonl; one deterministic "
+                    "scoring per task (eval.seeds=1).")(Benchmark(
+    "zero-shot multiple choice", "zero_shot", zero_shot.read, check=zero_shot.refuse,
+    check_model=zero_shot.refuse_model, published=False))
+BENCHMARKS.register("lm-eval", about="eval.tasks are lm-eval task names (its own, or YAMLs in "
+                    "eval.lm_eval.include_path).")(Benchmark(
+    "lm-evaluation-harness", "lm_eval", harness.read, check=harness.refuse, check_model=zero_shot.refuse_model))
+
+# TaskData.head: how a task other than a sequence classification (finetune.finetune) is trained and scored; each
+# a function of finetune's arguments that builds, trains and scores its own model.
+HEADS = Registry("fine-tuning head")
+HEADS.register("tokens")(token_head.finetune_tokens)  # NER
+HEADS.register("multiple-choice")(multiple_choice_head.finetune_choices)  # SWAG, RACE
+HEADS.register("choice")(candidates_head.CandidateScoring(candidates_head.softmax_loss))  # COPA
+HEADS.register("candidates")(candidates_head.CandidateScoring(candidates_head.logistic_loss))  # ReCoRD
+HEADS.register("span-pair")(span_head.finetune_span_pairs)  # WSC
+HEADS.register("squad")(squad.finetune_squad)
+HEADS.register("zero-shot")(zero_shot.zero_shot)  # nothing trained: the checkpoint scores the items
+HEADS.register("lm-eval")(harness.harness)  # nothing trained: lm-evaluation-harness scores the checkpoint

@@ -17,7 +17,7 @@ from transformers import AutoModelForMultipleChoice
 
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
-from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
+from .finetune import auto_model, collate, in_chunks, run_epochs
 
 
 @dataclass
@@ -114,5 +114,3 @@ def finetune_choices(checkpoint, tokenizer, task, recipe, seed, runtime, random_
     labels = {split: [e.label for e in rows] for split, rows in task.dev.items()}
     return run_epochs(task, recipe, seed, runtime, model, lengths, batch_loss, predict, label, progress, labels)
 
-
-HEADS.register("multiple-choice")(finetune_choices)

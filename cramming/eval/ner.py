@@ -11,11 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..hub import offline_flag, offline_reason
-from . import token_head  # noqa: F401  registers the "tokens" head (finetune.HEADS)
-from .benchmarks import BENCHMARKS, Custom, _check_task_list
+from ..hub import hub_dataset
 from .ner_metrics import entity_scores, valid_tag
-from .tasks import HubUnreachable, TaskData
+from .tasks import TaskData
 
 
 @dataclass(frozen=True)
@@ -114,26 +112,9 @@ def _load_local(task: str, folder: Path):
 
 
 def _load_hub(task: str):
-    """`load_dataset(<id>)`: splits train and validation, tags as `ner_tags` indices into the feature's names.
-    Datasets 4+ no longer runs loading scripts; the hub's parquet conversion of a script dataset is tried then."""
+    """Splits train and validation, tags as `ner_tags` indices into the feature's names."""
     dataset_id = NER_TASKS[task].hub
-    reason = offline_reason()
-    if reason and not offline_flag():
-        raise HubUnreachable(task, f"the hub dataset {dataset_id!r} is unreachable ({reason}); "
-                             "pass eval.data_dir=<folder with CoNLL train and dev files>")
-    try:
-        from datasets import load_dataset
-
-        try:
-            splits = load_dataset(dataset_id)
-        except RuntimeError as err:
-            if "scripts are no longer supported" not in str(err):
-                raise
-            splits = load_dataset(dataset_id, revision="refs/convert/parquet")
-    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
-        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(task, f"the hub dataset {dataset_id!r} could not be loaded ({detail}); "
-                             "offline, pass eval.data_dir=<folder with CoNLL train and dev files>") from None
+    splits = hub_dataset(task, dataset_id, fix="eval.data_dir=<folder with CoNLL train and dev files>")
     loaded = {}
     for split in ("train", "validation"):
         names = splits[split].features["ner_tags"].feature.names
@@ -154,24 +135,3 @@ def load_ner_task(task: str, data_dir: str | None) -> TaskData:
     return TaskData(task, train, {"dev": dev}, labels, list(METRICS), "f1", source,
                     scorer=lambda split, predicted, rows: entity_scores([s.tags for s in rows], predicted),
                     head="tokens")
-
-
-@BENCHMARKS.register_one("ner")
-class Ner(Custom):
-    """Named-entity recognition (docs/ner.md): a tag per word, entity-level F1; no average, errors never skipped."""
-
-    title = "NER"
-    published = True  # CoNLL-2003 from the hub; a folder of your own is named on the card as what it is
-    task_table = NER_TASKS
-    average_set = tuple(NER_TASKS)  # no average; listed so that eval.per_task names only tasks of eval.tasks
-    summary_key = "ner"
-    columns = (("CoNLL-2003", "conll2003"),)
-
-    def validate(self, e) -> None:
-        _check_task_list(e, self.task_table, self.title)
-
-    def trained(self, e) -> list[str]:
-        return list(e.tasks)
-
-    def load(self, name: str, e):
-        return load_ner_task(name, e.data_dir)

@@ -20,15 +20,14 @@ from .. import impl as impl_
 from ..atomic import write_atomic
 from ..card import add_evaluation, without_paths
 from ..errors import UserError
-from ..hub import model_folder, refuse_foreign_code
+from ..hub import HubUnreachable, model_folder, refuse_foreign_code
 from ..train.checkpoint import SUMMARY, check_weights, is_complete
 from ..train.objectives import OBJECTIVES
 from ..train.resume import MARKER as RESUME_MARKER
-from .benchmarks import BENCHMARKS
 from .config import EvalRunConfig, recipe_for
-from .finetune import HEADS, finetune, steps_per_run
+from .finetune import finetune, steps_per_run
+from .kinds import BENCHMARKS, HEADS
 from .results import append_csv, markdown_table, score_key, seed_statistics
-from .tasks import HubUnreachable
 
 # eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
 # of a capped run fine-tunes on the same examples, so their scores differ by the fine-tuning alone.
@@ -187,8 +186,8 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     checkpoint = find_checkpoint(config)
     tokenizer, model_config = check_checkpoint(checkpoint)
     benchmark = BENCHMARKS[config.eval.kind]
-    if check_model := getattr(benchmark, "check_model", None):  # zero-shot: a causal LM only
-        check_model(model_config)
+    if benchmark.check_model is not None:  # zero-shot: a causal LM only
+        benchmark.check_model(model_config)
     tasks, skipped = load_tasks(config)  # every task's files read and checked before any training
     runtime = impl_.resolve(config.impl)
     torch.set_flush_denormal(True)  # as in pretraining: AdamW's moments decay into slow x86 denormals otherwise

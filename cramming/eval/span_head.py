@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoModel
 
 from ..errors import UserError
-from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
+from .finetune import auto_model, collate, in_chunks, run_epochs
 
 
 class SpanPairClassifier(nn.Module):
@@ -89,5 +89,3 @@ def finetune_span_pairs(checkpoint, tokenizer, task, recipe, seed, runtime, rand
 
     return run_epochs(task, recipe, seed, runtime, model, [len(r) for r in ids], batch_loss, predict, label, progress)
 
-
-HEADS.register("span-pair")(finetune_span_pairs)

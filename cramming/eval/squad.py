@@ -16,10 +16,9 @@ from transformers import AutoModelForQuestionAnswering
 from ..errors import UserError, check
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
-from .benchmarks import BENCHMARKS, _check_task_list
 from .config import recipe_for
-from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
-from .squad_data import SQUAD_TASKS, SquadOptions, load_squad_examples
+from .finetune import auto_model, collate, in_chunks, run_epochs
+from .squad_data import SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
 from .squad_windows import decode_answers, encode_windows
 from .tasks import TaskData
@@ -107,36 +106,12 @@ def finetune_squad(checkpoint, tokenizer, task: SquadTask, recipe, seed, runtime
     return run | {"train_windows": len(train), "predictions": last}
 
 
-HEADS.register("squad")(finetune_squad)
 
-
-@BENCHMARKS.register_one("squad")
-class Squad:
-    """SQuAD v1.1 and v2.0 dev sets: each its own column (F1; exact match in results.json), no average."""
-
-    title = "SQuAD"
-    published = True
-    task_table = SQUAD_TASKS
-    summary_key = "squad"
-    average_set = ()
-    columns = (("SQuAD1.1", "squad"), ("SQuAD2.0", "squad_v2"))
-    skippable = False
-
-    def validate(self, e) -> None:
-        _check_task_list(e, self.task_table, self.title)
-        s = e.squad
-        for task in e.tasks:
-            room = recipe_for(e, task).max_length - s.max_query_length - SPECIAL_TOKENS
-            check(s.doc_stride < room, "eval.squad.doc_stride", s.doc_stride,
-                  f"must be below max_length - max_query_length - {SPECIAL_TOKENS} = {room} (the context's room in "
-                  f"a window of {task}); lower it or eval.squad.max_query_length, or raise eval.recipe.max_length")
-
-    def trained(self, e) -> list[str]:
-        return list(e.tasks)
-
-    def load(self, name: str, e):
-        return load_squad_task(name, e)
-
-    def summarise(self, scores: dict, e) -> dict | None:
-        return None
-
+def refuse(e) -> None:
+    """Each window must leave its context room to move on: doc_stride below what the question and specials leave."""
+    s = e.squad
+    for task in e.tasks:
+        room = recipe_for(e, task).max_length - s.max_query_length - SPECIAL_TOKENS
+        check(s.doc_stride < room, "eval.squad.doc_stride", s.doc_stride,
+              f"must be below max_length - max_query_length - {SPECIAL_TOKENS} = {room} (the context's room in "
+              f"a window of {task}); lower it or eval.squad.max_query_length, or raise eval.recipe.max_length")

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import UserError
+from ..hub import hub_dataset
 from ..registry import Registry
-from .tasks import load_hub
 
 
 @dataclass
@@ -135,8 +135,8 @@ def read_squad_file(path: Path, version: int) -> list[SquadExample]:
 
 def read_squad_hub(spec: SquadVersion, split: str) -> list[SquadExample]:
     """One split of the hub copy (or the datasets cache, offline), checked as the files are."""
-    rows = load_hub(spec.name, spec.hub, split=split,
-                    fix="eval.data_dir=<folder with the official SQuAD JSON files>")
+    rows = hub_dataset(spec.name, spec.hub, split=split,
+                      fix="eval.data_dir=<folder with the official SQuAD JSON files>")
     examples = []
     for i, row in enumerate(rows):
         here = f"hub:{spec.hub} {split} row {i} (question id {row['id']})"

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, check
+from ..hub import hub_dataset
 from ..registry import Registry
 from . import superglue_metrics as m
 from .jsonl import json_objects
-from .tasks import Example, TaskData, load_hub
+from .tasks import Example, TaskData
 
 HUB_DATASET = "aps/super_glue"
 
@@ -53,7 +54,7 @@ class SuperGlueTask:
     label_names: tuple[str, ...] | None  # classification heads; None: scored per option (COPA, ReCoRD)
     build: object  # [(flat row, where)] -> examples
     scorer: object  # (predictions, examples) -> metrics in percent, with "score"
-    head: str | None = None  # None: the sequence classifier; else a finetune.HEADS name
+    head: str | None = None  # None: the sequence classifier; else a kinds.HEADS name
 
 
 @dataclass
@@ -214,6 +215,24 @@ def load_superglue_task(name: str, data_dir: str | None, diagnostics: tuple[str,
                     ["score"], "score", source, scorer=lambda split, p, rows: scorers[split](p, rows), head=spec.head)
 
 
+def read(name: str, e) -> TaskData:
+    """eval=superglue's reader: RTE's model predicts the diagnostics that eval.tasks lists."""
+    return load_superglue_task(name, e.data_dir, tuple(d for d in m.DIAGNOSTICS if d in e.tasks) if name == "rte" else ())
+
+
+def trained(e) -> list[str]:
+    return [t for t in e.tasks if t not in m.DIAGNOSTICS]
+
+
+def refuse(e) -> None:
+    """A diagnostic is predicted by the RTE model: it needs rte among the tasks, and has no recipe of its own."""
+    for diagnostic in m.DIAGNOSTICS:
+        check(diagnostic not in e.tasks or "rte" in e.tasks, "eval.tasks", e.tasks,
+              f"{diagnostic} is predicted by the RTE model: add rte to eval.tasks (or drop {diagnostic})")
+        check(diagnostic not in e.per_task, f"eval.per_task.{diagnostic}", e.per_task.get(diagnostic),
+              f"{diagnostic} is not fine-tuned (the RTE model predicts it): set eval.per_task.rte instead")
+
+
 # ---------------------------------------------------------------- the original release's folders
 
 
@@ -284,8 +303,8 @@ HUB_SPLITS = {"train": "train", "dev": "validation"}  # the diagnostics: their o
 
 def _read_hub(spec: SuperGlueTask, split: str) -> list[tuple[dict, str]]:
     """The task's split from `aps/super_glue` (or the datasets cache, offline); any failure means: local files."""
-    dataset = load_hub(spec.name, HUB_DATASET, spec.hub_config, split=HUB_SPLITS.get(split, "test"),
-                       fix="eval.data_dir=<SuperGLUE folder>")
+    dataset = hub_dataset(spec.name, HUB_DATASET, spec.hub_config, split=HUB_SPLITS.get(split, "test"),
+                          fix="eval.data_dir=<SuperGLUE folder>")
     rows = []
     for i, row in enumerate(dataset):
         where = f"hub:{HUB_DATASET}/{spec.hub_config} {HUB_SPLITS.get(split, 'test')} row {i}"

@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 
 from ..errors import UserError, check
-from .benchmarks import BENCHMARKS, Glue, _check_task_list
+from ..hub import hub_dataset
 from .multiple_choice_head import ChoiceExample
-from .tasks import TaskData, load_hub
+from .tasks import TaskData
 
 SWAG_HUB, SWAG_CONFIG = "allenai/swag", "regular"
 RACE_HUB = "ehovy/race"
@@ -158,48 +158,10 @@ def load_race(name: str, data_dir: str | None) -> TaskData:
 
 def _hub_rows(dataset: str, config: str, split: str, task: str, folder: str) -> list[tuple[dict, str]]:
     """(row, where) of one hub split (or the datasets cache, offline); any failure means: use local files."""
-    rows = load_hub(task, dataset, config, split=split, fix=f"eval.data_dir={folder}")
+    rows = hub_dataset(task, dataset, config, split=split, fix=f"eval.data_dir={folder}")
     return [(dict(row), f"hub:{dataset}/{config} {split} row {i}") for i, row in enumerate(rows)]
 
 
-# ---------------------------------------------------------------- benchmarks (eval.kind)
-
-
-@BENCHMARKS.register_one("swag")
-class Swag(Glue):
-    """SWAG's validation accuracy; no average."""
-
-    title = "SWAG"
-    task_table = ("swag",)
-    summary_key = "swag"
-    average_set = ("swag",)
-    columns = (("SWAG", "swag"),)
-    skippable = False
-
-    def validate(self, e) -> None:
-        _check_task_list(e, self.task_table, self.title)
-
-    def load(self, name: str, e):
-        return load_swag(e.data_dir)
-
-    def summarise(self, scores: dict, e) -> dict | None:
-        return None
-
-
-@BENCHMARKS.register_one("race")
-class Race(Swag):
-    """RACE's dev accuracy: race (both levels, scored whole and per level), or one level's model alone."""
-
-    title = "RACE"
-    task_table = tuple(RACE_TASKS)
-    summary_key = "race"
-    average_set = ("race",)
-    columns = (("RACE", "race"), ("RACE-h", "race-high"), ("RACE-m", "race-middle"))
-
-    def validate(self, e) -> None:
-        _check_task_list(e, self.task_table, self.title)
-        check(not ("race" in e.tasks and len(e.tasks) > 1), "eval.tasks", e.tasks,
-              "race already scores race-high and race-middle (its dev per level): list race alone, or the levels")
-
-    def load(self, name: str, e):
-        return load_race(name, e.data_dir)
+def refuse_race(e) -> None:
+    check(not ("race" in e.tasks and len(e.tasks) > 1), "eval.tasks", e.tasks,
+          "race already scores race-high and race-middle (its dev per level): list race alone, or the levels")

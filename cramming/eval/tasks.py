@@ -7,13 +7,12 @@ Without a local folder the same tasks come from the hub dataset `nyu-mll/glue`.
 
 import logging
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..hub import offline_flag, offline_reason
+from ..hub import hub_dataset
 from ..registry import Registry
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ class TaskData:
     main_metric: str  # the one averaged into the GLUE score
     source: str  # where it was loaded from; QQP also says how many malformed rows were skipped
     scorer: Callable | None = None  # (split, predictions, dev examples) -> metrics; None: compute_metrics
-    head: str | None = None  # None: the sequence classifier (finetune.finetune); else a finetune.HEADS name
+    head: str | None = None  # None: the sequence classifier (finetune.finetune); else a kinds.HEADS name
     columns: tuple[str, ...] = ()  # metrics shown as their own table columns <task>/<metric> (zero-shot's acc, acc_norm)
 
 
@@ -210,54 +209,9 @@ def _parse_label(spec: TaskSpec, raw: str, path: Path, number: int) -> int | flo
 # ---------------------------------------------------------------- hub
 
 
-class HubUnreachable(UserError):
-    """The hub could not serve a task: the same is then true of every other task in this run."""
-
-    def __init__(self, task: str, reason: str):
-        self.reason = reason  # without the task's name, so a run with many tasks can say it once
-        super().__init__(f"{task}: {reason}")
-
-
-def hub_cache_folder(spec: TaskSpec) -> Path | None:
-    """The datasets cache of this task (what `load_dataset` falls back on offline), or None if it has none."""
-    home = os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
-    cache = Path(os.environ.get("HF_DATASETS_CACHE", os.path.join(home, "datasets"))).expanduser()
-    folder = cache / HUB_DATASET.replace("/", "___") / spec.name
-    return folder if any(p.is_dir() for p in folder.glob("*/*")) else None
-
-
-def load_hub(task: str, dataset: str, *args, fix: str, **kwargs):
-    """datasets.load_dataset(dataset, *args, **kwargs) (the datasets cache, offline), or HubUnreachable saying
-    `fix`, what to pass instead: when the hub cannot be reached, or the load fails in any way."""
-    reason = offline_reason()
-    if reason and not offline_flag():
-        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({reason}); pass {fix}")
-    try:
-        from datasets import load_dataset
-
-        return load_dataset(dataset, *args, **kwargs)
-    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
-        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({detail}); offline, pass {fix}"
-                             ) from None
-
-
 def _load_hub(spec: TaskSpec):
-    """Download (or reuse the datasets cache) `nyu-mll/glue`; any failure there means: use local files."""
-    reason, cached = offline_reason(), hub_cache_folder(spec)
-    if reason and not (cached and offline_flag()):  # in offline mode, datasets reads its cache
-        fix = ", or set HF_HUB_OFFLINE=1 to use its cached copy" if cached else ""
-        raise HubUnreachable(spec.name, f"the hub dataset {HUB_DATASET!r} is unreachable ({reason})"
-                             f"{'' if cached else ' and not in the datasets cache'}; "
-                             f"pass eval.data_dir=<glue_data folder>{fix}")
-    try:
-        from datasets import load_dataset
-
-        splits = load_dataset(HUB_DATASET, spec.name)
-    except Exception as err:  # noqa: BLE001  datasets fails in many types; each means the same here
-        detail = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise HubUnreachable(spec.name, f"the hub dataset {HUB_DATASET!r} is unreachable ({detail}); "
-                             "offline, pass eval.data_dir=<glue_data folder>") from None
+    """`nyu-mll/glue` from the hub (or the datasets cache, offline)."""
+    splits = hub_dataset(spec.name, HUB_DATASET, spec.name, fix="eval.data_dir=<glue_data folder>")
     hub_splits = {"train": "train"} | {split: hub for split, _, hub in spec.dev_splits}
     loaded = {split: _hub_examples(spec, splits[hub]) for split, hub in hub_splits.items()}
     train = loaded.pop("train")

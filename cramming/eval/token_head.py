@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForTokenClassification
 
 from ..errors import UserError
-from .finetune import HEADS, auto_model, collate, in_chunks, run_epochs
+from .finetune import auto_model, collate, in_chunks, run_epochs
 
 log = logging.getLogger(__name__)
 IGNORED = -100  # the label of pieces that are not a word's first: cross-entropy skips them
@@ -118,5 +118,3 @@ def finetune_tokens(checkpoint, tokenizer, task, recipe, seed, runtime, random_i
                         progress)
     return result | {"unseen_words": unseen}
 
-
-HEADS.register("tokens")(finetune_tokens)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from ..errors import UserError, check
-from .finetune import HEADS, auto_model, collate
+from .finetune import auto_model, collate
 from .jsonl import json_objects
 from .tasks import TaskData
 
@@ -160,7 +160,6 @@ def build_causal_lm(checkpoint: str, random_init: bool):
     return auto_model(AutoModelForCausalLM, checkpoint, random_init)
 
 
-@HEADS.register("zero-shot")
 def zero_shot(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None) -> dict:
     """A head with nothing to train: the checkpoint (or, random_init, its untrained twin) scores the items."""
     torch.manual_seed(seed)  # the random-init baseline's weights
@@ -170,40 +169,20 @@ def zero_shot(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, l
     return {"seed": seed, "curve": [], "final": final}
 
 
-class ZeroShot:
-    """eval.tasks name files <eval.data_dir>/<task>.jsonl; one deterministic scoring per task (eval.seeds=1)."""
-
-    title = "zero-shot multiple choice"
-    task_table = None  # eval.tasks name files <eval.data_dir>/<task>.jsonl
-    summary_key = "zero_shot"
-    average_set = ()
-    columns = ()
-    skippable = False
-
-    def validate(self, e) -> None:
-        check(bool(e.tasks) and len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks,
-              "name each task (a file <eval.data_dir>/<task>.jsonl) once")
-        check(e.data_dir is not None, "eval.data_dir", e.data_dir,
-              "set it to the folder holding <task>.jsonl for each task in eval.tasks (docs/zero-shot.md)")
-        check(e.seeds == 1, "eval.seeds", e.seeds, "zero-shot scoring is deterministic: use eval.seeds=1")
-
-    def check_model(self, model_config) -> None:
-        if (refusal := causal_refusal(model_config)) is not None:
-            raise UserError(refusal)
-
-    def trained(self, e) -> list[str]:
-        return list(e.tasks)
-
-    def load(self, name: str, e) -> TaskData:
-        path = Path(e.data_dir).expanduser() / f"{name}.jsonl"
-        return TaskData(name, [], {"dev": read_items(path)}, None, ["acc", "acc_norm"], "acc_norm", str(path),
-                        head="zero-shot", columns=("acc", "acc_norm"))
-
-    def summarise(self, scores: dict, e) -> dict | None:
-        return None
+def refuse(e) -> None:
+    check(bool(e.tasks) and len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks,
+          "name each task (a file <eval.data_dir>/<task>.jsonl) once")
+    check(e.data_dir is not None, "eval.data_dir", e.data_dir,
+          "set it to the folder holding <task>.jsonl for each task in eval.tasks (docs/zero-shot.md)")
+    check(e.seeds == 1, "eval.seeds", e.seeds, "zero-shot scoring is deterministic: use eval.seeds=1")
 
 
-# Registered last, so that importing this module first (benchmarks.py imports it and harness.py back) finds ZeroShot.
-from .benchmarks import BENCHMARKS
+def refuse_model(model_config) -> None:
+    if (refusal := causal_refusal(model_config)) is not None:
+        raise UserError(refusal)
 
-BENCHMARKS.register("zero-shot")(ZeroShot())
+
+def read(name: str, e) -> TaskData:
+    path = Path(e.data_dir).expanduser() / f"{name}.jsonl"
+    return TaskData(name, [], {"dev": read_items(path)}, None, ["acc", "acc_norm"], "acc_norm", str(path),
+                    head="zero-shot", columns=("acc", "acc_norm"))
