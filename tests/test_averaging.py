@@ -87,7 +87,7 @@ def test_the_average_is_swapped_in_and_out():
 
 
 def test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_last(tmp_path):
-    from cramming.eval.finetune import build_classifier
+    from cramming.eval.classifier_head import build_classifier
     from cramming.eval.recipe import check_checkpoint
 
     summary = pretraining.pretrain(config_for(*RUN, "train.averaging=ema", "train.ema.decay=0.5"), tmp_path)

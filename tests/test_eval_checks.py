@@ -15,7 +15,7 @@ from test_eval_cli import FAST, evaluate_in_process, run_eval
 from cramming import hub
 from cramming.errors import UserError
 from cramming.eval import recipe as evaluation
-from cramming.eval.finetune import train_step
+from cramming.eval.finetune import optimizer_step
 from cramming.eval.tasks import GLUE_SET, GLUE_TASKS
 from cramming.hub import OFFLINE_VARIABLES
 from cramming.impl import Runtime
@@ -246,7 +246,7 @@ def test_random_init_baseline_is_an_untrained_twin(smoke_checkpoint, tmp_path):
 
 
 class Regressor(torch.nn.Module):
-    """Just enough of a sequence classifier for train_step: a loss that can be made to overflow."""
+    """Just enough of a sequence classifier for optimizer_step: a loss that can be made to overflow."""
 
     def __init__(self):
         super().__init__()
@@ -264,7 +264,9 @@ def one_step(precision: str, blow_up: float):
     scaler = runtime.grad_scaler()
     before = [p.detach().clone() for p in model.parameters()]
     inputs = {"x": torch.randn(8, 4), "blow_up": blow_up}
-    train_step(model, inputs, torch.randn(8), optimizer, scheduler, scaler, runtime.autocast(), grad_clip=1.0)
+    with runtime.autocast():
+        loss = model(**inputs, labels=torch.randn(8)).loss
+    optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip=1.0)
     changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     return scaler, changed, all(torch.isfinite(p).all() for p in model.parameters()), scheduler.last_epoch
 

@@ -13,7 +13,8 @@ from cramming.eval.kinds import BENCHMARKS
 from cramming.eval.config import EvalConfig, EvalRunConfig
 from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
-from cramming.eval.token_head import IGNORED, encode_words, predict_tags, token_loss
+from cramming.eval.finetune import predict
+from cramming.eval.token_head import IGNORED, Tagger, encode_words, token_loss, unseen
 from cramming.hub import HubUnreachable
 from cramming.validation import validate_eval
 
@@ -202,16 +203,16 @@ def test_labels_sit_on_each_words_first_piece():
     sentence = Sentence(["EU", "rejects", "€", "German", "call"], ["B-ORG", "O", "O", "B-MISC", "O"], "x")
     encoded = encode_words(tiny_wordpiece(), [sentence], LABELS, max_length=32)
     # [CLS] eu re ##ject ##s ger ##man call [SEP]; "€" has no piece
-    assert encoded.ids == [[2, 4, 5, 6, 7, 8, 9, 10, 3]]
-    assert encoded.labels == [[IGNORED, 1, 0, IGNORED, IGNORED, 2, IGNORED, 0, IGNORED]]
-    assert encoded.firsts == [[1, 2, -1, 5, 7]] and encoded.unseen() == 1
+    assert [w.ids for w in encoded] == [[2, 4, 5, 6, 7, 8, 9, 10, 3]]
+    assert [w.labels for w in encoded] == [[IGNORED, 1, 0, IGNORED, IGNORED, 2, IGNORED, 0, IGNORED]]
+    assert [w.firsts for w in encoded] == [[1, 2, -1, 5, 7]] and unseen(encoded) == 1
 
 
 def test_truncated_words_are_unseen_and_predicted_o():
     sentence = Sentence(["EU", "rejects", "German", "call"], ["B-ORG", "O", "B-MISC", "O"], "x")
     encoded = encode_words(tiny_wordpiece(), [sentence], LABELS, max_length=7)  # [CLS] eu re ##ject ##s ger [SEP]
-    assert encoded.firsts == [[1, 2, 5, -1]] and encoded.unseen() == 1
-    assert encoded.labels == [[IGNORED, 1, 0, IGNORED, IGNORED, 2, IGNORED]]
+    assert [w.firsts for w in encoded] == [[1, 2, 5, -1]] and unseen(encoded) == 1
+    assert [w.labels for w in encoded] == [[IGNORED, 1, 0, IGNORED, IGNORED, 2, IGNORED]]
 
     def model(input_ids, attention_mask):  # every position votes for label index 2 (B-MISC) except the first piece
         logits = torch.zeros(*input_ids.shape, 3)
@@ -219,7 +220,8 @@ def test_truncated_words_are_unseen_and_predicted_o():
         logits[:, 1, 1] = 5.0
         return SimpleNamespace(logits=logits)
 
-    tags = predict_tags(model, encoded, list(LABELS), 0, 4, "cpu", contextlib.nullcontext)
+    task = SimpleNamespace(label_names=list(LABELS))
+    tags = predict(Tagger(), model, encoded, task, 4, 0, "cpu", contextlib.nullcontext)
     assert tags == [["B-ORG", "B-MISC", "B-MISC", "O"]]  # the truncated "call" is O, read from no logits
 
 

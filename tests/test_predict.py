@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from cramming.eval.classifier_head import Classifier, Row
 from cramming.eval.finetune import PREDICT_BATCHES, in_chunks, predict
-from cramming.eval.token_head import EncodedWords, predict_tags
+from cramming.eval.token_head import Tagger, Words
 
 LABELS = 3
 
@@ -44,7 +45,9 @@ def test_every_item_is_predicted_once_in_chunks_of_the_predict_batches():
 
 def test_the_classifier_predicts_each_row_its_own_label():
     ids = rows()
-    classes = predict(RowModel(), ids, 0, 2, "cpu", contextlib.nullcontext, regression=False)
+    task = SimpleNamespace(label_names=[str(k) for k in range(LABELS)])
+    items = [Row(row, 0) for row in ids]
+    classes = predict(Classifier(), RowModel(), items, task, 2, 0, "cpu", contextlib.nullcontext)
     np.testing.assert_array_equal(classes, [sum(r) % LABELS for r in ids])
 
 
@@ -53,10 +56,11 @@ def test_the_tagger_tags_each_words_first_piece():
     firsts = [[p for p in range(len(r)) if p % 2 == 0] + [-1] for r in ids]  # a last word without a piece: O
     labels = ["O", "B-X", "I-X"]
 
-    class Tagger(torch.nn.Module):
+    class TagModel(torch.nn.Module):
         def forward(self, input_ids, attention_mask):
             return SimpleNamespace(logits=RowModel()(input_ids, attention_mask).token_logits)
 
-    tags = predict_tags(Tagger(), EncodedWords(ids, [[]] * len(ids), firsts), labels, 0, 2, "cpu",
-                        contextlib.nullcontext)
+    items = [Words(row, [], first) for row, first in zip(ids, firsts)]
+    tags = predict(Tagger(), TagModel(), items, SimpleNamespace(label_names=labels), 2, 0, "cpu",
+                   contextlib.nullcontext)
     assert tags == [[labels[r[p] % LABELS] if p >= 0 else "O" for p in f] for r, f in zip(ids, firsts)]

@@ -7,14 +7,15 @@ entity's score on its own with a logistic loss ("the probability of each candida
 others", as the baseline did), and predicts the best-scoring one per query.
 """
 
-import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .finetune import build_classifier, collate, in_chunks, run_epochs
+from .classifier_head import build_classifier
+from .finetune import Head, collate
 
 
 def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:
@@ -27,11 +28,6 @@ def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]
         out.append(ids[start:start + len(q.options)])
         start += len(q.options)
     return out
-
-
-def option_logits(model, rows: list[list[int]], pad_id, device, autocast) -> torch.Tensor:
-    with autocast():
-        return model(**collate(rows, pad_id, device)).logits[:, 0].float()
 
 
 def softmax_loss(logits: torch.Tensor, sizes: list[int], golds: list[list[int]]) -> torch.Tensor:
@@ -50,35 +46,36 @@ def logistic_loss(logits: torch.Tensor, sizes: list[int], golds: list[list[int]]
     return F.binary_cross_entropy_with_logits(logits, targets)
 
 
+@dataclass
+class Question:
+    """A question's (context, option) rows, and its right options' indices."""
+
+    rows: list[list[int]]
+    gold: list[int]
+
+
 @dataclass(frozen=True)
-class CandidateScoring:
-    """A one-logit head over (context, option) pairs, trained with `loss`; the answer is the best option."""
+class CandidateScoring(Head):
+    """A one-logit head over (context, option) pairs, trained with `objective`; the answer is the best option."""
 
-    loss: object
+    objective: Callable  # (logits, options per question, golds) -> loss: softmax_loss or logistic_loss
 
-    def __call__(self, checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None):
-        torch.manual_seed(seed)
-        train = encode_options(tokenizer, task.train, recipe.max_length)
-        dev = {split: encode_options(tokenizer, rows, recipe.max_length) for split, rows in task.dev.items()}
-        model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
-        autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+    def build(self, checkpoint, task, recipe, random_init):
+        return build_classifier(checkpoint, task, recipe.dropout, random_init)
 
-        def batch_loss(batch):
-            rows = [train[i] for i in batch]
-            logits = option_logits(model, [r for options in rows for r in options], pad_id, device, autocast)
-            return self.loss(logits, [len(options) for options in rows], [task.train[i].gold for i in batch])
+    def encode(self, tokenizer, task, rows, max_length):
+        return [Question(ids, row.gold) for ids, row in zip(encode_options(tokenizer, rows, max_length), rows)]
 
-        def predict(split):
-            questions, picks = dev[split], []
+    def length(self, item):
+        return max(map(len, item.rows)) * len(item.rows)
 
-            def forward(chunk):
-                rows = [r for i in chunk for r in questions[i]]
-                return option_logits(model, rows, pad_id, device, contextlib.nullcontext)
+    def collate(self, items, pad_id, device):
+        return collate([row for item in items for row in item.rows], pad_id, device)
 
-            for chunk, logits in in_chunks(len(questions), recipe.batch_size, autocast, forward):
-                picks += [int(scores.argmax()) for scores in torch.split(logits, [len(questions[i]) for i in chunk])]
-            return np.array(picks)
+    def loss(self, model, inputs, items):
+        logits = model(**inputs).logits[:, 0].float()
+        return self.objective(logits, [len(item.rows) for item in items], [item.gold for item in items])
 
-        lengths = [max(len(r) for r in options) * len(options) for options in train]
-        return run_epochs(task, recipe, seed, runtime, model, lengths, batch_loss, predict, label, progress)
-
+    def decode(self, outputs, items, task):
+        scores = torch.split(outputs.logits[:, 0].float(), [len(item.rows) for item in items])
+        return [int(options.argmax()) for options in scores]

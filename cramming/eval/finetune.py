@@ -1,22 +1,29 @@
-"""Fine-tune one model on one task with one seed, and score it on the dev split(s) after every epoch.
+"""Fine-tune one model on one task with one seed, and score it on the dev split(s) after every epoch: one loop for
+every head. A head (the Head protocol below) says how a task's rows become encoded items, items a batch, a batch a
+loss and the model's outputs predictions; kinds.HEADS names them, and a task picks its own (TaskData.head).
 
-Batches are bucketed by length and padded only to the longest row of the batch, so short GLUE sentences
-do not pay for 128 positions; dev passes run under inference_mode.
+Batches are bucketed by length and padded only to the longest item of the batch, so short GLUE sentences do not
+pay for 128 positions; dev passes run under inference_mode, shortest items first.
 """
 
 import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, get_scheduler
+from transformers import AutoConfig, get_scheduler
 
 from ..registry import Registry
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
 
+# TaskData.head: every head, each an object of the Head protocol (or, `untrained`, a scorer with nothing to train).
+HEADS = Registry("fine-tuning head", traits={
+    "untrained": "nothing is fine-tuned: its score(checkpoint, tokenizer, task, recipe, seed, runtime, random_init) "
+                 "scores the checkpoint as it is"})
 FINETUNE_SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule
 
 
@@ -44,10 +51,39 @@ BUCKET_BATCHES = 50
 PREDICT_BATCHES = 4
 
 
-def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
-    firsts = [e.text_a for e in examples]
-    seconds = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
-    return tokenizer(firsts, seconds, truncation=True, max_length=max_length)["input_ids"]
+class Head(Protocol):
+    """How one kind of task is fine-tuned and read out. An item is one encoded row of the task (SQuAD: one window
+    of a question's context) with its labels; finetune() runs every head through the same steps."""
+
+    def build(self, checkpoint: str, task: TaskData, recipe, random_init: bool) -> torch.nn.Module:
+        """The checkpoint's encoder (or, random_init, an untrained one of its architecture) with this head on it."""
+
+    def encode(self, tokenizer, task: TaskData, rows: list, max_length: int) -> list:
+        """The items of `rows` (the task's train rows or one dev split), labels included."""
+
+    def length(self, item) -> int:
+        """Its tokens, so that batches and prediction chunks hold items of like length."""
+
+    def collate(self, items: list, pad_id: int, device) -> dict:
+        """The model's keyword inputs for these items, padded to the longest."""
+
+    def loss(self, model, inputs: dict, items: list) -> torch.Tensor:
+        """The batch's loss (run under autocast)."""
+
+    def decode(self, outputs, items: list, task: TaskData) -> list:
+        """One prediction per item from the model's outputs."""
+
+    def max_length(self, model_config, recipe, label: str) -> int:
+        """Tokens per item: the recipe's, unless the checkpoint cannot take that many."""
+        return recipe.max_length
+
+    def answers(self, task: TaskData, split: str, items: list, predictions: list):
+        """What the task's scorer reads: the items' predictions (SQuAD joins its windows' into answers)."""
+        return predictions
+
+    def record(self, train: list, dev: dict[str, list], answers: dict) -> dict:
+        """What a run's record adds to seed, curve and final (`answers`: the last epoch's, per dev split)."""
+        return {}
 
 
 def length_buckets(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -88,13 +124,6 @@ def auto_model(auto_class, checkpoint: str, random_init: bool, dropout: float | 
     return auto_class.from_pretrained(checkpoint, config=config, trust_remote_code=True)
 
 
-def build_classifier(checkpoint: str, task: TaskData, dropout: float, random_init: bool):
-    regression = task.label_names is None
-    return auto_model(AutoModelForSequenceClassification, checkpoint, random_init, dropout,
-                      num_labels=1 if regression else len(task.label_names),
-                      **({"problem_type": "regression"} if regression else {}))
-
-
 def build_optimizer(model, recipe, fused: bool = True) -> torch.optim.AdamW:
     """The recipe's AdamW. Fused (one kernel over all tensors, CPU and CUDA) by default: the for-loop version runs
     a dozen small ops per tensor, which on CPU made the optimizer step most of a small model's fine-tuning time."""
@@ -115,34 +144,22 @@ def in_chunks(count: int, batch_size: int, autocast, forward, length=None):
         yield chunk, out
 
 
-@torch.inference_mode()
-def predict(model, ids, pad_id, batch_size, device, autocast, regression: bool) -> np.ndarray:
-    model.eval()
-    out = np.empty(len(ids), dtype=np.float64 if regression else np.int64)
+def predict(head: Head, model, items: list, task: TaskData, batch_size: int, pad_id: int, device, autocast) -> list:
+    """Every item's prediction, in the items' order (run_epochs calls it under inference_mode)."""
+    out = [None] * len(items)
 
     def forward(chunk):
-        return model(**collate([ids[i] for i in chunk], pad_id, device)).logits.float()
+        return model(**head.collate([items[i] for i in chunk], pad_id, device))
 
-    for chunk, logits in in_chunks(len(ids), batch_size, autocast, forward, length=lambda i: len(ids[i])):
-        out[chunk] = (logits[:, 0] if regression else logits.argmax(-1)).cpu().numpy()
+    for chunk, outputs in in_chunks(len(items), batch_size, autocast, forward, length=lambda i: head.length(items[i])):
+        for i, prediction in zip(chunk, head.decode(outputs, [items[i] for i in chunk], task)):
+            out[i] = prediction
     return out
 
 
-def train_step(model, inputs, labels, optimizer, scheduler, scaler, autocast, grad_clip) -> float:
-    """One optimizer step. Under fp16 the scaler keeps small gradients from flushing to zero and skips a step whose
-    gradients overflowed; for bf16 and fp32 it is disabled and passes everything through."""
-    return optimizer_step(classifier_loss(model, inputs, labels, autocast), model, optimizer, scheduler, scaler,
-                          grad_clip)
-
-
-def classifier_loss(model, inputs, labels, autocast) -> torch.Tensor:
-    """The sequence classifier's own loss on a collated batch (regression: MSE, else cross-entropy)."""
-    with autocast():
-        return model(**inputs, labels=labels).loss
-
-
 def optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip) -> float:
-    """Backward, clip, step and schedule for a loss of any head (every head's run_epochs step; train_step)."""
+    """Backward, clip, step and schedule. Under fp16 the scaler keeps small gradients from flushing to zero and
+    skips a step whose gradients overflowed; for bf16 and fp32 it is disabled and passes everything through."""
     scaler.scale(loss).backward()
     if grad_clip:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -156,12 +173,12 @@ def optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip) -> floa
     return loss.item()
 
 
-def score(task: TaskData, split: str, predictions, labels) -> dict:
+def score(task: TaskData, split: str, predictions) -> dict:
     """The task's own scorer (SuperGLUE's see whole examples: MultiRC's questions, AX-g's pairs), else the
-    named GLUE metrics."""
+    named GLUE metrics against the rows' labels."""
     if task.scorer is not None:
         return task.scorer(split, predictions, task.dev[split])
-    return compute_metrics(task.metric_names, predictions, labels)
+    return compute_metrics(task.metric_names, predictions, [row.label for row in task.dev[split]])
 
 
 def steps_per_run(task: TaskData, recipe) -> int:
@@ -169,38 +186,49 @@ def steps_per_run(task: TaskData, recipe) -> int:
     return math.ceil(len(task.train) / recipe.batch_size) * recipe.epochs
 
 
-def finetune(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runtime, random_init: bool,
+def run_task(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runtime, random_init: bool, label: str,
+             progress=None) -> dict:
+    """One seed of one task: fine-tuned with its head, or scored as the checkpoint is by an untrained one."""
+    head = HEADS.get_or_explain(task.head)
+    if HEADS.trait(head, "untrained"):
+        return {"seed": seed, "curve": [],
+                "final": head(checkpoint, tokenizer, task, recipe, seed, runtime, random_init)}
+    return finetune(head, checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress)
+
+
+def finetune(head: Head, checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runtime, random_init: bool,
              label: str, progress=None) -> dict:
-    """`progress`: the run-wide tqdm bar (every task, seed and epoch), advanced per step and showing the loss."""
+    """One run of `head` on `task`: its record (seed, the per-epoch curve, the final dev scores, and the head's
+    own additions). `progress`: the run-wide tqdm bar, advanced per step and showing the loss."""
     torch.manual_seed(seed)
-    regression = task.label_names is None
-    train_ids = encode(tokenizer, task.train, recipe.max_length)
-    train_labels = torch.tensor([e.label for e in task.train], dtype=torch.float32 if regression else torch.long)
-    dev = {split: (encode(tokenizer, rows, recipe.max_length), [e.label for e in rows])
-           for split, rows in task.dev.items()}
-    model = build_classifier(checkpoint, task, recipe.dropout, random_init).to(runtime.device)
+    model = head.build(checkpoint, task, recipe, random_init).to(runtime.device)
+    max_length = head.max_length(model.config, recipe, label)
+    train = head.encode(tokenizer, task, task.train, max_length)
+    dev = {split: head.encode(tokenizer, task, rows, max_length) for split, rows in task.dev.items()}
     autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+    answers = {}
 
     def batch_loss(batch):
-        inputs = collate([train_ids[i] for i in batch], pad_id, device)
-        return classifier_loss(model, inputs, train_labels[batch].to(device), autocast)
+        items = [train[i] for i in batch]
+        with autocast():
+            return head.loss(model, head.collate(items, pad_id, device), items)
 
     def predict_split(split):
-        return predict(model, dev[split][0], pad_id, recipe.batch_size, device, autocast, regression)
+        predictions = predict(head, model, dev[split], task, recipe.batch_size, pad_id, device, autocast)
+        answers[split] = head.answers(task, split, dev[split], predictions)
+        return answers[split]
 
-    labels = {split: split_labels for split, (_, split_labels) in dev.items()}
-    return run_epochs(task, recipe, seed, runtime, model, [len(r) for r in train_ids], batch_loss, predict_split,
-                      label, progress, labels)
+    lengths = [head.length(item) for item in train]
+    return run_epochs(task, recipe, seed, runtime, model, lengths, batch_loss, predict_split, label, progress) | \
+        head.record(train, dev, answers)
 
 
-def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, predict, label, progress,
-               labels=None) -> dict:
-    """Fine-tune `model` for the recipe's epochs and score every dev split after each: every head's loop.
-    `batch_loss(indices)` is a batch's loss (under autocast), `predict(split)` the split's predictions, `labels`
-    {split: labels} for the GLUE metrics (None where the task's own scorer reads its examples)."""
+def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, predict, label, progress) -> dict:
+    """Fine-tune `model` for the recipe's epochs and score every dev split after each. `batch_loss(indices)` is a
+    batch's loss, `predict(split)` the split's predictions as the task's scorer reads them."""
     rng = random.Random(seed)
     optimizer = build_optimizer(model, recipe)
-    total = steps_per_run(task, recipe)
+    total = math.ceil(len(train_lengths) / recipe.batch_size) * recipe.epochs  # SQuAD: its windows, not questions
     schedule = FINETUNE_SCHEDULES.get_or_explain(recipe.schedule)
     scheduler = schedule.build(optimizer, int(recipe.warmup_fraction * total), total)
     scaler, curve = runtime.grad_scaler(), []
@@ -218,7 +246,7 @@ def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, pr
         train_seconds = time.perf_counter() - started  # the training loop alone, for throughput (scripts/bench.py)
         model.eval()
         with torch.inference_mode():
-            scores = {split: score(task, split, predict(split), (labels or {}).get(split)) for split in task.dev}
+            scores = {split: score(task, split, predict(split)) for split in task.dev}
         curve.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "train_seconds": round(train_seconds, 3),
                       "train_examples": len(train_lengths), "dev": scores})
     return {"seed": seed, "curve": curve, "final": curve[-1]["dev"]}

@@ -107,12 +107,11 @@ def task_metrics(results: dict, name: str) -> dict:
     return found
 
 
-def harness(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None) -> dict:
+def harness(checkpoint, tokenizer, task, recipe, seed, runtime, random_init) -> dict:
     """A head with nothing to train: lm-eval scores the checkpoint (or its untrained twin) on one task."""
     torch.manual_seed(seed)  # the random-init baseline's weights
     lm = harness_lm(checkpoint, tokenizer, runtime, task.options, recipe.max_length, random_init)
-    results = run_harness(lm, task.name, task.options, seed)
-    return {"seed": seed, "curve": [], "final": {"dev": task_metrics(results, task.name)}}
+    return {"dev": task_metrics(run_harness(lm, task.name, task.options, seed), task.name)}
 
 
 def refuse(e) -> None:

@@ -6,6 +6,7 @@ your own registers itself the same way from a file named in $CRAMMING_PLUGINS.""
 from ..registry import Registry
 from . import (
     candidates_head,
+    classifier_head,
     custom,
     harness,
     multiple_choice_head,
@@ -20,6 +21,7 @@ from . import (
     zero_shot,
 )
 from .benchmarks import Benchmark
+from .finetune import HEADS
 from .results import glue_summary
 from .superglue_metrics import SUPERGLUE_SET, superglue_average
 
@@ -68,14 +70,12 @@ BENCHMARKS.register("lm-eval", about="eval.tasks are lm-eval task names (its own
                     "eval.lm_eval.include_path).")(Benchmark(
     "lm-evaluation-harness", "lm_eval", harness.read, check=harness.refuse, check_model=zero_shot.refuse_model))
 
-# TaskData.head: how a task other than a sequence classification (finetune.finetune) is trained and scored; each
-# a function of finetune's arguments that builds, trains and scores its own model.
-HEADS = Registry("fine-tuning head")
-HEADS.register("tokens")(token_head.finetune_tokens)  # NER
-HEADS.register("multiple-choice")(multiple_choice_head.finetune_choices)  # SWAG, RACE
+HEADS.register("classifier")(classifier_head.Classifier())  # GLUE, SuperGLUE's pairs, your own task
+HEADS.register("tokens")(token_head.Tagger())  # NER
+HEADS.register("multiple-choice")(multiple_choice_head.MultipleChoice())  # SWAG, RACE
 HEADS.register("choice")(candidates_head.CandidateScoring(candidates_head.softmax_loss))  # COPA
 HEADS.register("candidates")(candidates_head.CandidateScoring(candidates_head.logistic_loss))  # ReCoRD
-HEADS.register("span-pair")(span_head.finetune_span_pairs)  # WSC
-HEADS.register("squad")(squad.finetune_squad)
-HEADS.register("zero-shot")(zero_shot.zero_shot)  # nothing trained: the checkpoint scores the items
-HEADS.register("lm-eval")(harness.harness)  # nothing trained: lm-evaluation-harness scores the checkpoint
+HEADS.register("span-pair")(span_head.SpanPairs())  # WSC
+HEADS.register("squad")(squad.Squad())
+HEADS.register("zero-shot", untrained=True)(zero_shot.zero_shot)  # the checkpoint scores the items as it is
+HEADS.register("lm-eval", untrained=True)(harness.harness)  # lm-evaluation-harness scores the checkpoint

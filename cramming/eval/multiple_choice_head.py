@@ -10,14 +10,13 @@ is cut too (longest_first). Rows are padded per batch and bucketed by length (fi
 import sys
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForMultipleChoice
 
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
-from .finetune import auto_model, collate, in_chunks, run_epochs
+from .finetune import Head, auto_model, collate
 
 
 @dataclass
@@ -70,10 +69,6 @@ def collate_choices(questions: list[list[list[int]]], pad_id: int, device) -> di
     return {key: value.reshape(shape) for key, value in batch.items()}
 
 
-def build_choice_model(checkpoint: str, dropout: float, random_init: bool):
-    return auto_model(AutoModelForMultipleChoice, checkpoint, random_init, dropout)
-
-
 def effective_length(model_config, max_length: int, label: str) -> int:
     """max_length, or the checkpoint's token limit where that is shorter (said, never silently)."""
     limit = token_limit(model_config)
@@ -84,33 +79,33 @@ def effective_length(model_config, max_length: int, label: str) -> int:
     return max_length
 
 
-def finetune_choices(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None):
-    torch.manual_seed(seed)
-    model = build_choice_model(checkpoint, recipe.dropout, random_init).to(runtime.device)
-    max_length = effective_length(model.config, recipe.max_length, label)
-    train = encode_choices(tokenizer, task.train, max_length)
-    train_labels = torch.tensor([e.label for e in task.train], dtype=torch.long)
-    dev = {split: encode_choices(tokenizer, rows, max_length) for split, rows in task.dev.items()}
-    autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+@dataclass
+class Question:
+    """One question, encoded: a (context, choice) row per choice."""
 
-    def batch_loss(batch):
-        with autocast():
-            return model(**collate_choices([train[i] for i in batch], pad_id, device),
-                         labels=train_labels[batch].to(device)).loss
+    rows: list[list[int]]
+    label: int
 
-    def predict(split):
-        questions = dev[split]
-        picks = np.empty(len(questions), dtype=np.int64)
 
-        def forward(chunk):
-            return model(**collate_choices([questions[i] for i in chunk], pad_id, device)).logits
+class MultipleChoice(Head):
+    def build(self, checkpoint, task, recipe, random_init):
+        return auto_model(AutoModelForMultipleChoice, checkpoint, random_init, recipe.dropout)
 
-        for chunk, logits in in_chunks(len(questions), recipe.batch_size, autocast, forward,
-                                       length=lambda i: max(map(len, questions[i]))):
-            picks[chunk] = logits.float().argmax(-1).cpu().numpy()
-        return picks
+    def max_length(self, model_config, recipe, label):
+        return effective_length(model_config, recipe.max_length, label)
 
-    lengths = [max(map(len, rows)) * len(rows) for rows in train]
-    labels = {split: [e.label for e in rows] for split, rows in task.dev.items()}
-    return run_epochs(task, recipe, seed, runtime, model, lengths, batch_loss, predict, label, progress, labels)
+    def encode(self, tokenizer, task, rows, max_length):
+        return [Question(ids, row.label) for ids, row in zip(encode_choices(tokenizer, rows, max_length), rows)]
 
+    def length(self, item):
+        return max(map(len, item.rows)) * len(item.rows)
+
+    def collate(self, items, pad_id, device):
+        return collate_choices([item.rows for item in items], pad_id, device)
+
+    def loss(self, model, inputs, items):
+        labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)
+        return model(**inputs, labels=labels).loss
+
+    def decode(self, outputs, items, task):
+        return outputs.logits.float().argmax(-1).tolist()

@@ -25,8 +25,8 @@ from ..train.checkpoint import SUMMARY, check_weights, is_complete
 from ..train.objectives import OBJECTIVES
 from ..train.resume import MARKER as RESUME_MARKER
 from .config import EvalRunConfig, recipe_for
-from .finetune import finetune, steps_per_run
-from .kinds import BENCHMARKS, HEADS
+from .finetune import run_task, steps_per_run
+from .kinds import BENCHMARKS
 from .results import append_csv, markdown_table, score_key, seed_statistics
 
 # eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
@@ -149,8 +149,7 @@ def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: b
     per_task, scores = {}, {}
     for task in tasks:
         recipe = recipe_for(config.eval, task.name)
-        run = finetune if task.head is None else HEADS.get_or_explain(task.head)
-        runs = [run(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
+        runs = [run_task(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
                          f"{label} {task.name} seed {config.seed + i}", progress) for i in range(config.eval.seeds)]
         summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs]) for split in task.dev}
         per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,

@@ -5,14 +5,15 @@ with self-attentive span pooling (Lee et al. 2017: a learned score per token, so
 the two pooled vectors, concatenated, go to a small classifier: does the pronoun refer to the noun phrase?
 """
 
-import numpy as np
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel
 
 from ..errors import UserError
-from .finetune import auto_model, collate, in_chunks, run_epochs
+from .finetune import Head, auto_model, collate
 
 
 class SpanPairClassifier(nn.Module):
@@ -22,6 +23,11 @@ class SpanPairClassifier(nn.Module):
         self.attend = nn.ModuleList([nn.Linear(hidden, 1), nn.Linear(hidden, 1)])  # one pooling score per span
         self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * hidden, hidden), nn.Tanh(),
                                         nn.Dropout(dropout), nn.Linear(hidden, num_labels))
+
+    @property
+    def config(self):
+        """The checkpoint's, as every head's model has it."""
+        return self.encoder.config
 
     def forward(self, input_ids, attention_mask, spans):
         """spans: [batch, 2, tokens] booleans, True on each span's tokens."""
@@ -64,28 +70,32 @@ def collate_spans(ids, positions, pad_id, device) -> dict:
     return batch | {"spans": spans.to(device)}
 
 
-def finetune_span_pairs(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None):
-    torch.manual_seed(seed)
-    ids, positions = encode_spans(tokenizer, task.train, recipe.max_length)
-    labels = torch.tensor([e.label for e in task.train], dtype=torch.long)
-    dev = {split: encode_spans(tokenizer, rows, recipe.max_length) for split, rows in task.dev.items()}
-    model = build_span_model(checkpoint, recipe.dropout, random_init).to(runtime.device)
-    autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+@dataclass
+class Spans:
+    """One sentence, encoded, with the token positions of its two spans."""
 
-    def batch_loss(batch):
-        with autocast():
-            logits = model(**collate_spans([ids[i] for i in batch], [positions[i] for i in batch], pad_id, device))
-        return F.cross_entropy(logits.float(), labels[batch].to(device))
+    ids: list[int]
+    positions: list[list[int]]
+    label: int
 
-    def predict(split):
-        split_ids, split_positions = dev[split]
 
-        def forward(chunk):
-            return model(**collate_spans([split_ids[i] for i in chunk], [split_positions[i] for i in chunk], pad_id,
-                                         device))
+class SpanPairs(Head):
+    def build(self, checkpoint, task, recipe, random_init):
+        return build_span_model(checkpoint, recipe.dropout, random_init)
 
-        chunks = in_chunks(len(split_ids), recipe.batch_size, autocast, forward)
-        return np.array([pick for _, logits in chunks for pick in logits.argmax(-1).tolist()])
+    def encode(self, tokenizer, task, rows, max_length):
+        ids, positions = encode_spans(tokenizer, rows, max_length)
+        return [Spans(i, p, row.label) for i, p, row in zip(ids, positions, rows)]
 
-    return run_epochs(task, recipe, seed, runtime, model, [len(r) for r in ids], batch_loss, predict, label, progress)
+    def length(self, item):
+        return len(item.ids)
 
+    def collate(self, items, pad_id, device):
+        return collate_spans([item.ids for item in items], [item.positions for item in items], pad_id, device)
+
+    def loss(self, model, inputs, items):
+        labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)
+        return F.cross_entropy(model(**inputs).float(), labels)
+
+    def decode(self, outputs, items, task):
+        return outputs.argmax(-1).tolist()

@@ -6,7 +6,6 @@ scored with the official metrics (squad_metrics.py) after each epoch. The last e
 official scripts' input) go back with the run, and the recipe writes them beside results.json.
 """
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -17,7 +16,7 @@ from ..errors import UserError, check
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .config import recipe_for
-from .finetune import auto_model, collate, in_chunks, run_epochs
+from .finetune import Head, auto_model, collate
 from .squad_data import SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
 from .squad_windows import decode_answers, encode_windows
@@ -70,41 +69,39 @@ def fit_length(config, max_length: int) -> None:
     config.max_seq_length = max_length
 
 
-def finetune_squad(checkpoint, tokenizer, task: SquadTask, recipe, seed, runtime, random_init, label, progress=None):
-    """One SQuAD fine-tuning run; its record adds `predictions` ({split: {id: text}}, the last epoch's) and the
-    number of training windows (the steps count examples, as the progress bar does; windows are what is trained)."""
-    torch.manual_seed(seed)
-    train = encode_windows(tokenizer, task.train, recipe.max_length, task.options)
-    dev = {split: encode_windows(tokenizer, rows, recipe.max_length, task.options) for split, rows in task.dev.items()}
-    model = build_qa_model(checkpoint, recipe.dropout, random_init, recipe.max_length).to(runtime.device)
-    autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
-    starts = torch.tensor([w.start for w in train])
-    ends = torch.tensor([w.end for w in train])
-    last = {}
+class Squad(Head):
+    """Start and end logits per window; the best span over a question's windows is its answer. A run's record adds
+    `predictions` ({split: {id: text}}, the last epoch's) and the number of training windows (the progress bar
+    counts questions; windows are what is trained)."""
 
-    def batch_loss(batch):
-        inputs = collate([train[i].ids for i in batch], pad_id, device)
-        with autocast():
-            return model(**inputs, start_positions=starts[batch].to(device), end_positions=ends[batch].to(device)).loss
+    def build(self, checkpoint, task, recipe, random_init):
+        return build_qa_model(checkpoint, recipe.dropout, random_init, recipe.max_length)
 
-    def predict(split):
-        windows, start_logits, end_logits = dev[split], [], []
+    def encode(self, tokenizer, task, rows, max_length):
+        return encode_windows(tokenizer, rows, max_length, task.options)
 
-        def forward(chunk):
-            return model(**collate([windows[i].ids for i in chunk], pad_id, device))
+    def length(self, item):
+        return len(item.ids)
 
-        for chunk, out in in_chunks(len(windows), recipe.batch_size, autocast, forward):
-            for k, i in enumerate(chunk):
-                start_logits.append(out.start_logits[k, :len(windows[i].ids)].float().cpu().numpy())
-                end_logits.append(out.end_logits[k, :len(windows[i].ids)].float().cpu().numpy())
-        last[split] = decode_answers(task.dev[split], windows, start_logits, end_logits, task.options, task.version)
-        return last[split]
+    def collate(self, items, pad_id, device):
+        return collate([window.ids for window in items], pad_id, device)
 
-    windowed = dataclasses.replace(task, train=train)  # the schedule's step count follows the windows trained
-    run = run_epochs(windowed, recipe, seed, runtime, model, [len(w.ids) for w in train], batch_loss, predict, label,
-                     progress)
-    return run | {"train_windows": len(train), "predictions": last}
+    def loss(self, model, inputs, items):
+        device = inputs["input_ids"].device
+        starts = torch.tensor([w.start for w in items], device=device)
+        ends = torch.tensor([w.end for w in items], device=device)
+        return model(**inputs, start_positions=starts, end_positions=ends).loss
 
+    def decode(self, outputs, items, task):
+        return [(outputs.start_logits[k, :len(w.ids)].float().cpu().numpy(),
+                 outputs.end_logits[k, :len(w.ids)].float().cpu().numpy()) for k, w in enumerate(items)]
+
+    def answers(self, task, split, items, predictions):
+        starts, ends = zip(*predictions) if predictions else ((), ())
+        return decode_answers(task.dev[split], items, list(starts), list(ends), task.options, task.version)
+
+    def record(self, train, dev, answers):
+        return {"train_windows": len(train), "predictions": answers}
 
 
 def refuse(e) -> None:

@@ -54,7 +54,7 @@ class SuperGlueTask:
     label_names: tuple[str, ...] | None  # classification heads; None: scored per option (COPA, ReCoRD)
     build: object  # [(flat row, where)] -> examples
     scorer: object  # (predictions, examples) -> metrics in percent, with "score"
-    head: str | None = None  # None: the sequence classifier; else a kinds.HEADS name
+    head: str = "classifier"  # a name in kinds.HEADS
 
 
 @dataclass

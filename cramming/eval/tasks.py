@@ -37,7 +37,7 @@ class TaskData:
     main_metric: str  # the one averaged into the GLUE score
     source: str  # where it was loaded from; QQP also says how many malformed rows were skipped
     scorer: Callable | None = None  # (split, predictions, dev examples) -> metrics; None: compute_metrics
-    head: str | None = None  # None: the sequence classifier (finetune.finetune); else a kinds.HEADS name
+    head: str = "classifier"  # what fine-tunes and reads it out: a name in kinds.HEADS (finetune.Head)
     columns: tuple[str, ...] = ()  # metrics shown as their own table columns <task>/<metric> (zero-shot's acc, acc_norm)
 
 

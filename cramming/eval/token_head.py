@@ -16,31 +16,29 @@ import torch.nn.functional as F
 from transformers import AutoModelForTokenClassification
 
 from ..errors import UserError
-from .finetune import auto_model, collate, in_chunks, run_epochs
+from .finetune import Head, auto_model, collate
 
 log = logging.getLogger(__name__)
 IGNORED = -100  # the label of pieces that are not a word's first: cross-entropy skips them
 
 
 @dataclass
-class EncodedWords:
-    ids: list[list[int]]  # token ids per sentence
-    labels: list[list[int]]  # per token: the word's tag index on its first piece, IGNORED elsewhere
-    firsts: list[list[int]]  # per sentence, per word: the position of its first piece, or -1 if it has none
+class Words:
+    """One sentence, encoded."""
 
-    def unseen(self) -> int:
-        """Words without a piece in the input (truncated, or dropped by the tokenizer): predicted O."""
-        return sum(p < 0 for row in self.firsts for p in row)
+    ids: list[int]  # its token ids
+    labels: list[int]  # per token: the word's tag index on its first piece, IGNORED elsewhere
+    firsts: list[int]  # per word: the position of its first piece, or -1 if it has none (truncated, or dropped)
 
 
-def encode_words(tokenizer, sentences, label_index: dict[str, int], max_length: int) -> EncodedWords:
+def encode_words(tokenizer, sentences, label_index: dict[str, int], max_length: int) -> list[Words]:
     """Token ids of every sentence with the first-piece alignment of its words."""
     if not getattr(tokenizer, "is_fast", False):
         raise UserError("eval=ner needs a fast tokenizer (word_ids, to find each word's first piece); "
                         "this checkpoint's is not")
     encoded = tokenizer([s.words for s in sentences], is_split_into_words=True, truncation=True,
                         max_length=max_length)
-    out = EncodedWords([], [], [])
+    out = []
     for i, sentence in enumerate(sentences):
         firsts = [-1] * len(sentence.words)
         for position, word in enumerate(encoded.word_ids(i)):
@@ -51,16 +49,13 @@ def encode_words(tokenizer, sentences, label_index: dict[str, int], max_length: 
         for word, position in enumerate(firsts):
             if position >= 0:
                 labels[position] = label_index[sentence.tags[word]]
-        out.ids.append(ids)
-        out.labels.append(labels)
-        out.firsts.append(firsts)
+        out.append(Words(ids, labels, firsts))
     return out
 
 
-def build_token_classifier(checkpoint: str, labels: list[str], dropout: float, random_init: bool):
-    """The checkpoint's encoder (or, random_init, a fresh one of its architecture) with a new per-token classifier."""
-    return auto_model(AutoModelForTokenClassification, checkpoint, random_init, dropout, num_labels=len(labels),
-                      id2label=dict(enumerate(labels)), label2id={tag: i for i, tag in enumerate(labels)})
+def unseen(sentences: list[Words]) -> int:
+    """Words without a piece in the input (truncated, or dropped by the tokenizer): predicted O."""
+    return sum(p < 0 for sentence in sentences for p in sentence.firsts)
 
 
 def pad_labels(rows: list[list[int]], device) -> torch.Tensor:
@@ -78,43 +73,36 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return total / labels.ne(IGNORED).sum().clamp(min=1)
 
 
-def predict_tags(model, encoded: EncodedWords, labels: list[str], pad_id, batch_size, device, autocast):
-    """Each sentence's tags: the argmax at every word's first piece; O for a word without one."""
-    out = [["O"] * len(firsts) for firsts in encoded.firsts]
+class Tagger(Head):
+    """Each word's tag: the argmax at its first piece; O for a word without one."""
 
-    def forward(chunk):
-        return model(**collate([encoded.ids[i] for i in chunk], pad_id, device)).logits
+    def build(self, checkpoint, task, recipe, random_init):
+        labels = task.label_names
+        return auto_model(AutoModelForTokenClassification, checkpoint, random_init, recipe.dropout,
+                          num_labels=len(labels), id2label=dict(enumerate(labels)),
+                          label2id={tag: i for i, tag in enumerate(labels)})
 
-    for chunk, logits in in_chunks(len(encoded.ids), batch_size, autocast, forward,
-                                   length=lambda i: len(encoded.ids[i])):
-        for row, i in zip(logits.argmax(-1).cpu().tolist(), chunk):
-            out[i] = [labels[row[p]] if p >= 0 else "O" for p in encoded.firsts[i]]
-    return out
+    def encode(self, tokenizer, task, rows, max_length):
+        return encode_words(tokenizer, rows, {tag: i for i, tag in enumerate(task.label_names)}, max_length)
 
+    def length(self, item):
+        return len(item.ids)
 
-def finetune_tokens(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None) -> dict:
-    torch.manual_seed(seed)
-    index = {tag: i for i, tag in enumerate(task.label_names)}
-    train = encode_words(tokenizer, task.train, index, recipe.max_length)
-    dev = {split: encode_words(tokenizer, rows, index, recipe.max_length) for split, rows in task.dev.items()}
-    unseen = {split: encoded.unseen() for split, encoded in dev.items()}
-    for split, count in unseen.items():
-        if count:
-            log.warning("%s/%s: %d word(s) have no piece within eval.recipe.max_length=%d (or none at all): "
-                        "predicted O", task.name, split, count, recipe.max_length)
-    model = build_token_classifier(checkpoint, task.label_names, recipe.dropout, random_init).to(runtime.device)
-    autocast, pad_id, device = runtime.autocast(), tokenizer.pad_token_id, runtime.device
+    def collate(self, items, pad_id, device):
+        return collate([item.ids for item in items], pad_id, device)
 
-    def batch_loss(batch):
-        inputs = collate([train.ids[i] for i in batch], pad_id, device)
-        with autocast():
-            logits = model(**inputs).logits
-        return token_loss(logits, pad_labels([train.labels[i] for i in batch], device))
+    def loss(self, model, inputs, items):
+        labels = pad_labels([item.labels for item in items], inputs["input_ids"].device)
+        return token_loss(model(**inputs).logits, labels)
 
-    def predict(split):
-        return predict_tags(model, dev[split], task.label_names, pad_id, recipe.batch_size, device, autocast)
+    def decode(self, outputs, items, task):
+        rows = outputs.logits.argmax(-1).cpu().tolist()
+        return [[task.label_names[row[p]] if p >= 0 else "O" for p in item.firsts] for row, item in zip(rows, items)]
 
-    result = run_epochs(task, recipe, seed, runtime, model, [len(r) for r in train.ids], batch_loss, predict, label,
-                        progress)
-    return result | {"unseen_words": unseen}
-
+    def record(self, train, dev, answers):
+        counts = {split: unseen(items) for split, items in dev.items()}
+        for split, count in counts.items():
+            if count:
+                log.warning("%s: %d word(s) have no piece within eval.recipe.max_length (or none at all): "
+                            "predicted O", split, count)
+        return {"unseen_words": counts}

@@ -160,13 +160,12 @@ def build_causal_lm(checkpoint: str, random_init: bool):
     return auto_model(AutoModelForCausalLM, checkpoint, random_init)
 
 
-def zero_shot(checkpoint, tokenizer, task, recipe, seed, runtime, random_init, label, progress=None) -> dict:
+def zero_shot(checkpoint, tokenizer, task, recipe, seed, runtime, random_init) -> dict:
     """A head with nothing to train: the checkpoint (or, random_init, its untrained twin) scores the items."""
     torch.manual_seed(seed)  # the random-init baseline's weights
     model = build_causal_lm(checkpoint, random_init).to(runtime.device)
-    final = {split: score_items(model, tokenizer, items, recipe.max_length, recipe.batch_size, runtime.device,
-                                runtime.autocast()) for split, items in task.dev.items()}
-    return {"seed": seed, "curve": [], "final": final}
+    return {split: score_items(model, tokenizer, items, recipe.max_length, recipe.batch_size, runtime.device,
+                               runtime.autocast()) for split, items in task.dev.items()}
 
 
 def refuse(e) -> None:

@@ -1,7 +1,7 @@
 """Section 4: fine-tuning throughput, eval.py's GLUE loop against a plain Hugging Face `Trainer`, on SST-2.
 
 Both fine-tune the same checkpoint (the quality section's pretrained model) through the same classifier
-(cramming.eval.finetune.build_classifier: pooler, dropout 0.1) on the same training examples (the subset
+(cramming.eval.classifier_head.build_classifier: pooler, dropout 0.1) on the same training examples (the subset
 eval.max_train_examples draws), with the same batch size (16), maximum length (128), tokenisation, optimiser
 settings and schedule (AdamW lr 4e-5, betas (0.9, 0.98), eps 1e-6, cosine with 10 % warm-up), one epoch.
 Ours runs as a user runs it (`eval.py ... eval.tasks=[sst2]`, a subprocess) and its results.json gives the training
@@ -42,7 +42,7 @@ def run_trainer(checkpoint: str, glue: Path, examples: int, out: Path) -> float:
     import transformers
     from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
-    from cramming.eval.finetune import build_classifier, encode
+    from cramming.eval.classifier_head import build_classifier, encode
     from cramming.eval.tasks import load_task
 
     transformers.logging.set_verbosity_error()

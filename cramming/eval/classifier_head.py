@@ -1,0 +1,53 @@
+"""The sequence classifier, the head of GLUE, SuperGLUE's pair tasks and your own task: the checkpoint's
+AutoModelForSequenceClassification on one text or a pair, its own loss (a task without label names, STS-B, is a
+regression: one output, mean squared error), the argmax (or the output) as the prediction."""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from .finetune import Head, auto_model, collate
+from .tasks import TaskData
+
+
+@dataclass
+class Row:
+    ids: list[int]
+    label: int | float
+
+
+def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
+    firsts = [e.text_a for e in examples]
+    seconds = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
+    return tokenizer(firsts, seconds, truncation=True, max_length=max_length)["input_ids"]
+
+
+def build_classifier(checkpoint: str, task: TaskData, dropout: float, random_init: bool):
+    regression = task.label_names is None
+    return auto_model(AutoModelForSequenceClassification, checkpoint, random_init, dropout,
+                      num_labels=1 if regression else len(task.label_names),
+                      **({"problem_type": "regression"} if regression else {}))
+
+
+class Classifier(Head):
+    def build(self, checkpoint, task, recipe, random_init):
+        return build_classifier(checkpoint, task, recipe.dropout, random_init)
+
+    def encode(self, tokenizer, task, rows, max_length):
+        cast = float if task.label_names is None else int
+        return [Row(ids, cast(row.label)) for ids, row in zip(encode(tokenizer, rows, max_length), rows)]
+
+    def length(self, item):
+        return len(item.ids)
+
+    def collate(self, items, pad_id, device):
+        return collate([item.ids for item in items], pad_id, device)
+
+    def loss(self, model, inputs, items):
+        labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)
+        return model(**inputs, labels=labels).loss
+
+    def decode(self, outputs, items, task):
+        logits = outputs.logits.float()
+        return (logits[:, 0] if task.label_names is None else logits.argmax(-1)).tolist()
