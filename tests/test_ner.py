@@ -9,11 +9,11 @@ import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from cramming.errors import UserError
-from cramming.eval.kinds import BENCHMARKS
 from cramming.eval.config import EvalConfig, EvalRunConfig
+from cramming.eval.finetune import predict
+from cramming.eval.kinds import BENCHMARKS
 from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
-from cramming.eval.finetune import predict
 from cramming.eval.token_head import IGNORED, Tagger, encode_words, token_loss, unseen
 from cramming.hub import HubUnreachable
 from cramming.validation import validate_eval
