@@ -84,7 +84,8 @@ def prepare_only(config, run_dir: Path) -> None:
 @leaves_nothing_when_refused
 def eval_main(cfg) -> None:
     from .eval.recipe import evaluate  # heavy (torch, transformers): not for --help
-    from .validation import check_no_missing, load_eval_config  # heavy (every component): the same
+    from .validation import check_no_missing  # heavy (every component): the same
+    from .validation.eval import load_eval_config  # heavy (every benchmark): the same
 
     check_no_missing(cfg)  # `key=???`
     config = load_eval_config(cfg)  # every value checked before any work

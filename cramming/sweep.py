@@ -51,7 +51,7 @@ def eval_after_config(config):
     from hydra import compose
 
     from .eval.recipe import load_tasks  # heavy (torch, transformers): only with eval_after
-    from .validation import load_eval_config  # heavy (every component): the same
+    from .validation.eval import load_eval_config  # heavy (every component): the same
 
     if line := renamed_override(config.eval_overrides):
         raise UserError(f"eval_overrides: {line}")

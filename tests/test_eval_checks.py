@@ -25,7 +25,7 @@ from cramming.train.checkpoint import SUMMARY, check_safetensors
 def eval_config(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from cramming.validation import load_eval_config
+    from cramming.validation.eval import load_eval_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return load_eval_config(compose(config_name="eval", overrides=list(overrides)))

@@ -21,7 +21,7 @@ def evaluate_in_process(*overrides, tmp_path):
     from hydra import compose, initialize_config_dir
 
     from cramming.eval.recipe import evaluate
-    from cramming.validation import load_eval_config
+    from cramming.validation.eval import load_eval_config
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="eval", overrides=[*overrides, f"eval.results_table={tmp_path}/results.csv"])

@@ -215,7 +215,7 @@ def test_the_fp8_section_is_checked_only_under_fp8():
 
 def test_fine_tuning_refuses_fp8():
     from cramming.eval.config import EvalRunConfig
-    from cramming.validation import validate_eval
+    from cramming.validation.eval import validate_eval
 
     config = EvalRunConfig(checkpoint="somewhere")
     config.impl.precision = "fp8"

@@ -16,7 +16,7 @@ from cramming.eval.ner import Sentence, load_ner_task, read_conll
 from cramming.eval.ner_metrics import entities, entity_scores
 from cramming.eval.token_head import IGNORED, Tagger, encode_words, token_loss, unseen
 from cramming.hub import HubUnreachable
-from cramming.validation import validate_eval
+from cramming.validation.eval import validate_eval
 
 TRAIN = """-DOCSTART- -X- -X- O
 

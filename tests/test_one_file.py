@@ -248,7 +248,7 @@ BENCHMARK = '''
 def test_a_glue_style_benchmark_is_one_file(one_file, smoke_checkpoint, tmp_path):
     from cramming.eval.kinds import BENCHMARKS
     from cramming.eval.recipe import evaluate
-    from cramming.validation import load_eval_config
+    from cramming.validation.eval import load_eval_config
 
     one_file(BENCHMARK, BENCHMARKS, "parity")
     overrides = [f"checkpoint={smoke_checkpoint}", "eval.kind=parity", "impl=cpu", "eval.recipe.epochs=1",

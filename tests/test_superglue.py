@@ -17,7 +17,7 @@ from cramming.eval import superglue_metrics as m
 from cramming.eval.candidates_head import logistic_loss, softmax_loss
 from cramming.eval.span_head import SpanPairClassifier
 from cramming.eval.superglue import SUPERGLUE_TASKS, load_superglue_task
-from cramming.validation import load_eval_config
+from cramming.validation.eval import load_eval_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "superglue"
 
