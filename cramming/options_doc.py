@@ -22,7 +22,6 @@ from . import kernels  # noqa: F401  registers the Triton kernels by name
 from .config import LATE_DEFAULTS, PretrainConfig
 from .data.local_text import ENCODING_ERRORS
 from .eval.config import EvalRunConfig
-from .eval.kinds import BENCHMARKS
 from .impl import COMPILE_MODES
 from .registry import listed
 from .rules import registry_keys, resolve
@@ -88,6 +87,8 @@ def components() -> dict[str, tuple]:
     """{key: (registry, extra choices)} for every option that names entries of a registry: the ones the schema
     declares (REGISTRIES, checked by the validation walk), and those checked where they are used (impl.py,
     data/local_text.py), and eval.tasks: every benchmark's task_table."""
+    from .eval.kinds import BENCHMARKS  # heavy (every benchmark, scipy, peft): not for a help page's key lines
+
     declared = dict(registry_keys(PretrainConfig)) | dict(registry_keys(EvalRunConfig))
     named = {key: resolve(spec) for key, spec in declared.items()}
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
