@@ -64,3 +64,19 @@ def test_the_tagger_tags_each_words_first_piece():
     tags = predict(Tagger(), TagModel(), items, SimpleNamespace(label_names=labels), 2, 0, "cpu",
                    contextlib.nullcontext)
     assert tags == [[labels[r[p] % LABELS] if p >= 0 else "O" for p in f] for r, f in zip(ids, firsts)]
+
+
+def test_every_head_fills_the_protocol_or_says_it_trains_nothing():
+    """A registered head either trains (each of Head's required methods its own, not the protocol's empty one) or
+    is a function with the `untrained` trait: finetune() and run_task() can run every one."""
+    from cramming.eval.finetune import Head
+    from cramming.eval.kinds import HEADS
+
+    required = ("build", "encode", "length", "collate", "loss", "decode")
+    for name, head in HEADS.items():
+        if HEADS.trait(head, "untrained"):
+            assert callable(head), name
+            continue
+        assert Head in type(head).__mro__, name  # declared as one: it inherits max_length, answers, record
+        missing = [m for m in required if getattr(type(head), m) is getattr(Head, m)]
+        assert missing == [], (name, missing)
