@@ -43,16 +43,6 @@ def test_bad_precision_is_one_line_error_before_any_work(precision, fragment, sm
     assert not (tmp_path / "eval" / "results.json").exists()
 
 
-@pytest.mark.parametrize("override,fragment", [("impl.device=tpu", "impl.device='tpu'"),
-                                               ("impl.attention=flash", "impl.attention='flash'"),
-                                               ("impl.rotary=fast", "impl.rotary='fast'"),
-                                               ("impl.loss=focal", "impl.loss='focal'")])
-def test_every_impl_key_eval_reads_is_checked(override, fragment):
-    with pytest.raises(UserError, match="is not a valid option; choose one of") as err:
-        eval_config("checkpoint=somewhere", override)
-    assert fragment in str(err.value)
-
-
 # ---------------------------------------------------------------- weights written whole
 
 
@@ -264,7 +254,7 @@ def one_step(precision: str, blow_up: float):
     scaler = runtime.grad_scaler()
     before = [p.detach().clone() for p in model.parameters()]
     inputs = {"x": torch.randn(8, 4), "blow_up": blow_up}
-    with runtime.autocast():
+    with runtime.autocast()():
         loss = model(**inputs, labels=torch.randn(8)).loss
     optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip=1.0)
     changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -332,7 +322,7 @@ def test_bar_is_closed_when_finetuning_fails(smoke_checkpoint, tmp_path, monkeyp
         raise RuntimeError("out of memory, say")
 
     monkeypatch.setattr(evaluation, "tqdm", Recorded)
-    monkeypatch.setattr(evaluation, "finetune", failing_finetune)
+    monkeypatch.setattr(evaluation, "run_task", failing_finetune)
     glue = fake_glue(tmp_path, ["rte"])
     with pytest.raises(RuntimeError, match="out of memory"):
         evaluate_in_process(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={glue}", "eval.tasks=[rte]", *FAST,
