@@ -92,21 +92,6 @@ def test_a_bug_in_the_task_keeps_its_traceback(monkeypatch, tmp_path):
         run_entry(task, "pretrain.py")
 
 
-@pytest.mark.parametrize("override", ["budget=???", "arch.hidden_size=???"])
-def test_missing_value_is_named(override, monkeypatch, capsys):
-    """`key=???` would otherwise merge onto the schema as "keep the default", silently."""
-    from hydra import compose, initialize_config_dir
-
-    from cramming.errors import UserError
-    from cramming.validation import load_config
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="pretrain", overrides=[override])
-    key = override.split("=")[0]
-    with pytest.raises(UserError, match=f"{key}=\\?\\?\\? leaves the value missing"):
-        load_config(cfg)
-
-
 def test_entry_points_keep_the_contract(tmp_path):
     """The real commands, end to end: pretrain.py and eval.py."""
     one_line_error(run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path), "arch=crammed-bert-huge", "gpt-tiny")

@@ -4,14 +4,12 @@ joined, and a whole epoch covers every token exactly once whatever the stage."""
 import json
 
 import numpy as np
-import pytest
 import torch
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
 from cramming.data.loader import EndlessOrder
 from cramming.data.packed import PackedTokens
-from cramming.errors import UserError
 from cramming.pretraining import pretrain
 from cramming.train.curriculum import block_rows, factor_at, regroup, sequence_length, stage_factors
 from cramming.validation import load_config
@@ -65,15 +63,3 @@ def test_a_run_switches_length_and_keeps_tokens_per_step(tmp_path):
     per_step = np.diff([0] + [r["tokens"] for r in steps])
     assert per_step.tolist() == [16 * 32, 16 * 32, 8 * 63, 8 * 63]  # the same 16 rows of the stream each step
     assert summary["steps"] == 4
-
-
-@pytest.mark.parametrize("overrides,fragment", [
-    (["train.seq_schedule=[[0.5,32],[0.4,64]]"], "add up to 1"),
-    (["train.seq_schedule=[[0.5,32],[0.5,48]]"], "multiple of data.seq_length=32"),
-    (["train.seq_schedule=[[0.5,32],[0.5,96]]", "impl.microbatch_size=8"], "multiple of 3"),
-    (["train.seq_schedule=[[0.5,32],[0.5,256]]", "arch.position=learned"], "do not extrapolate"),
-    (["train.seq_schedule=[[0.5,32],[0.5,64]]", "data.ordering=sentence-length"], "data.ordering=random"),
-])
-def test_impossible_curricula_are_refused(overrides, fragment):
-    with pytest.raises(UserError, match=fragment):
-        config_for(*overrides)

@@ -211,13 +211,3 @@ def test_the_fp8_section_is_checked_only_under_fp8():
         with pytest.raises(UserError, match=r"impl.precision='fp8' is invalid: impl.distributed=deepspeed runs the "
                                             "model in its own precision; use impl.distributed=ddp, fsdp2 or none"):
             config_for(*TINY, "impl.precision=fp8", "impl.distributed=deepspeed")
-
-
-def test_fine_tuning_refuses_fp8():
-    from cramming.eval.config import EvalRunConfig
-    from cramming.validation.eval import validate_eval
-
-    config = EvalRunConfig(checkpoint="somewhere")
-    config.impl.precision = "fp8"
-    with pytest.raises(UserError, match=r"impl.precision='fp8' is invalid: float8 is for pretraining"):
-        validate_eval(config)

@@ -205,20 +205,6 @@ def test_the_same_position_gives_the_same_masks(masking):
     assert not torch.equal(first[1], other[1])
 
 
-@pytest.mark.parametrize("override,message", [
-    ("train.masking=words", r"train.masking='words' is not a valid option; choose one of: span, token, whole-word"),
-    ("train.span.p=0", r"train.span.p=0.0 is invalid: must be in \(0, 1\]"),
-])
-def test_bad_masking_options_stop_with_one_line(override, message):
-    with pytest.raises(UserError, match=f"^{message}$"):
-        config_for(*TINY, "train.masking=span", override)
-
-
-def test_a_causal_objective_refuses_whole_words():
-    with pytest.raises(UserError, match=r"^train.masking='whole-word' is invalid: arch.objective=clm masks nothing"):
-        config_for(*TINY, "arch=gpt-tiny", "train.masking=whole-word")
-
-
 RUN = TINY + ["train.max_steps=4", "train.batch_size=16", "impl.microbatch_size=8", "train.batch_ramp=0",
               "train.schedule=step-constant", "train.warmup=0", "train.checkpoint_every_minutes=null"]
 

@@ -11,7 +11,6 @@ import torch
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from cramming.errors import UserError
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.pretraining import pretrain
 from cramming.train import microbatch
@@ -118,10 +117,3 @@ def test_auto_on_cpu(tmp_path, capsys):
     summary = pretrain(config_for("impl.microbatch_size=auto", "train.batch_size=64", "train.max_steps=2"), tmp_path)
     assert f"microbatch: {min(CPU_MICROBATCH, 64)} sequences (impl.microbatch_size=auto)" in capsys.readouterr().out
     assert summary["steps"] == 2
-
-
-def test_auto_validation():
-    with pytest.raises(UserError, match="impl.microbatch_size"):
-        config_for("impl.microbatch_size=big")
-    with pytest.raises(UserError, match="multiple of 2"):
-        config_for("impl.microbatch_size=auto", "train.batch_size=63", "train.seq_schedule=[[0.5,32],[0.5,64]]")

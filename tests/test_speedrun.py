@@ -1,6 +1,7 @@
 """The GPT speedrun's blocks, each observed doing what it claims: logit soft-capping (inference, plain and fused
 loss), zero-initialised output projections, value embeddings, U-net skips, and the attention-window warm-up
-(planned windows, and a stopped run resuming bit for bit); plus the refusals and the speedrun preset."""
+(planned windows, and a stopped run resuming bit for bit); plus the speedrun preset (their refusals: the table in
+tests/test_refusals.py)."""
 
 import itertools
 import os
@@ -15,7 +16,7 @@ from torch.nn import functional as F
 
 from cramming import pretraining
 from cramming import run as run_module
-from cramming.errors import UserError, exit_on_user_error
+from cramming.errors import exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import SelfAttention
 from cramming.model.losses import LOSSES, linear_cross_entropy, soft_cap
@@ -108,11 +109,6 @@ def test_zero_init_zeroes_the_output_projections_and_blocks_start_as_the_identit
         assert not torch.allclose(plain(x), x)
 
 
-def test_zero_init_refuses_structured_projections():
-    with pytest.raises(UserError, match="arch.zero_init_out=True is invalid: needs dense projections"):
-        config_for("arch=gpt-tiny", "arch.zero_init_out=true", "arch.linear=lowrank")
-
-
 # ---- value embeddings
 
 def layer_io(model, tokens, replace_inputs=None):
@@ -159,15 +155,6 @@ def test_value_embeddings_and_their_mix_get_gradients():
         assert table.weight.grad.abs().sum() > 0
     mixes = [layer.attn.value_mix for layer in model.encoder.layers]
     assert all(m is not None and m.weights.grad.abs().sum() > 0 for m in mixes)  # 2 tables x 2 ends: every layer
-
-
-@pytest.mark.parametrize("overrides, message", [
-    (["arch.value_embeddings=3"], "must be in [0, arch.num_layers / 2 = 2]"),
-    (["arch.value_embeddings=1", "arch.layout=[gmlp,attention]"], "has blocks without attention"),
-])
-def test_value_embeddings_refusals(overrides, message):
-    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        config_for("arch=gpt-tiny", *overrides)
 
 
 # ---- U-net skips
@@ -280,21 +267,6 @@ def test_a_run_follows_the_window_schedule_and_resumes_it_exactly(windows_seen, 
     want, got = load_file(tmp_path / "whole/checkpoint/model.safetensors"), load_file(
         tmp_path / "stopped/checkpoint/model.safetensors")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
-
-
-@pytest.mark.parametrize("overrides, message", [
-    (["train.window_schedule=[[0.5,4],[0.5,8]]", "arch.attention.pattern=[global]"], "needs a local or stepped"),
-    (["train.window_schedule=[[0.5,4],[0.4,8]]"], "must add up to 1"),
-    (["train.window_schedule=[[0.5,4],[0.5,64]]"], "its window 64 is refused"),
-    (["train.window_schedule=[[0.5,4],[0.5,5]]", "arch.attention.pattern=[stepped]"], "its window 5 is refused"),
-    (["train.window_schedule=[[0.5,4],[0.5,8]]", "arch.attention.pattern=[stepped]", "arch.position=rotary",
-      "train.seq_schedule=[[0.5,32],[0.5,64]]", "arch.attention.window=1"], "its window 4 is refused: .* a train.seq_schedule stage=63"),
-    (["train.window_schedule=[[0.1,1],[0.1,2],[0.1,3],[0.1,4],[0.1,5],[0.1,6],[0.1,7],[0.1,8],[0.2,9]]",
-      "impl.compile=true"], "past torch's recompile limit of 8"),
-])
-def test_window_schedule_refusals(overrides, message):
-    with pytest.raises(UserError, match=message):
-        config_for(*WINDOWED, *overrides)
 
 
 def test_nine_windows_are_fine_without_compile():

@@ -1,6 +1,7 @@
 """Token dropping (arch.token_dropping, model/stacks.py): which tokens the middle layers see, what the dropped
 ones carry past them, the importance averages and their update from both loss paths, the forwards that never drop,
-the FLOPs count, the refusals, exact resume and a whole CLI run."""
+the FLOPs count, what it accepts (what it refuses: the table in tests/test_refusals.py), exact resume and a
+whole CLI run."""
 
 import math
 from pathlib import Path
@@ -13,7 +14,6 @@ from safetensors.torch import load_file
 from test_resume import NAN_RUN, sigterm_at  # noqa: F401  (the fixture, for the resume test)
 from test_resume import config_for as run_config
 
-from cramming.errors import UserError
 from cramming.model.configuration_crammed import CrammedConfig
 from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.masks import Context
@@ -211,29 +211,6 @@ BASE = ["arch=crammed-bert-tiny", "arch.hidden_size=64", "arch.num_heads=2", "ar
 def load(*overrides):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return load_config(compose(config_name="pretrain", overrides=BASE + list(overrides)))
-
-
-@pytest.mark.parametrize("overrides,fragment", [
-    (["arch.token_dropping.keep=0"], "arch.token_dropping.keep=0.0 is invalid: must be in (0, 1] or null"),
-    (["arch.token_dropping.keep=1.5"], "arch.token_dropping.keep=1.5 is invalid: must be in (0, 1] or null"),
-    (["arch.token_dropping.decay=1"], "arch.token_dropping.decay=1.0 is invalid: must be in [0, 1)"),
-    (["arch=gpt-tiny"], "in MLM pretraining only, not arch.objective=clm"),
-    (["arch.position=alibi"], "not arch.position=alibi"),
-    (["arch.position=rpe"], "not arch.position=rpe"),
-    (["arch.attention.pattern=[local]", "arch.attention.window=8"], "arch.attention.pattern=['local']"),
-    (["arch.layout=[attention,gmlp]"], "the gmlp blocks of arch.layout"),
-    (["arch.unet_skips=true"], "arch.unet_skips=true"),
-    (["arch.value_embeddings=1"], "arch.value_embeddings=1"),
-    (["arch.token_dropping.layers=[-1,3]"], "arch.token_dropping.layers=[-1, 3] is invalid: give [first, last) with 0"),
-    (["arch.token_dropping.layers=[1,4]"], "last <= arch.num_layers - 1 = 3"),
-    (["arch.token_dropping.layers=[2,2]"], "0 <= first < last"),
-    (["arch.token_dropping.layers=[1]"], "arch.token_dropping.layers=[1] is invalid: give [first, last)"),
-    (["arch.num_layers=1"], "is empty at arch.num_layers=1"),
-])
-def test_each_refusal_is_one_line(overrides, fragment):
-    with pytest.raises(UserError) as refused:
-        load(*overrides)
-    assert fragment in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_what_is_accepted():

@@ -13,9 +13,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from cramming.errors import UserError
-from cramming.eval.config import EvalConfig
 from cramming.eval.harness import LmEvalOptions, lm_eval_module
-from cramming.eval.kinds import BENCHMARKS
 from cramming.eval.zero_shot import (
     causal_refusal,
     choose,
@@ -191,13 +189,6 @@ def test_the_scorer_refuses_a_model_without_a_causal_head(smoke_checkpoint, caus
     refusal = causal_refusal(AutoConfig.from_pretrained(smoke_checkpoint, trust_remote_code=True))
     assert "no causal LM head" in refusal and "eval=glue" in refusal
     assert causal_refusal(AutoConfig.from_pretrained(causal_checkpoint, trust_remote_code=True)) is None
-
-
-def test_seeds_and_data_dir_are_checked():
-    with pytest.raises(UserError, match="eval.seeds=2.*deterministic"):
-        BENCHMARKS["zero-shot"].validate(EvalConfig(kind="zero-shot", tasks=["h"], data_dir="d", seeds=2))
-    with pytest.raises(UserError, match="eval.data_dir"):
-        BENCHMARKS["zero-shot"].validate(EvalConfig(kind="zero-shot", tasks=["h"]))
 
 
 @pytest.fixture(scope="module")
