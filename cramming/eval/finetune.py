@@ -22,8 +22,8 @@ from .tasks import TaskData
 
 # TaskData.head: every head, each an object of the Head protocol (or, `untrained`, a scorer with nothing to train).
 HEADS = Registry("fine-tuning head", traits={
-    "untrained": "nothing is fine-tuned: its score(checkpoint, tokenizer, task, recipe, seed, runtime, random_init) "
-                 "scores the checkpoint as it is"})
+    "untrained": "nothing is fine-tuned: head(checkpoint, tokenizer, task, recipe, seed, runtime, random_init) "
+                 "scores the checkpoint as it is, returning each dev split's metrics"})
 FINETUNE_SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule
 
 
