@@ -17,7 +17,7 @@ class Row:
     label: int | float
 
 
-def encode(tokenizer, examples, max_length: int) -> list[list[int]]:
+def encode_texts(tokenizer, examples, max_length: int) -> list[list[int]]:
     firsts = [e.text_a for e in examples]
     seconds = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
     return tokenizer(firsts, seconds, truncation=True, max_length=max_length)["input_ids"]
@@ -36,7 +36,7 @@ class Classifier(Head):
 
     def encode(self, tokenizer, task, rows, max_length):
         cast = float if task.label_names is None else int
-        return [Row(ids, cast(row.label)) for ids, row in zip(encode(tokenizer, rows, max_length), rows)]
+        return [Row(ids, cast(row.label)) for ids, row in zip(encode_texts(tokenizer, rows, max_length), rows)]
 
     def length(self, item):
         return len(item.ids)

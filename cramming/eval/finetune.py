@@ -181,9 +181,10 @@ def score(task: TaskData, split: str, predictions) -> dict:
     return compute_metrics(task.metric_names, predictions, [row.label for row in task.dev[split]])
 
 
-def steps_per_run(task: TaskData, recipe) -> int:
-    """Optimizer steps of one fine-tuning run, for the overall progress bar."""
-    return math.ceil(len(task.train) / recipe.batch_size) * recipe.epochs
+def steps_per_run(task: TaskData, recipe, items: int | None = None) -> int:
+    """Optimizer steps of one fine-tuning run over `items` training items (the task's rows unless given: SQuAD
+    trains on its windows, the overall progress bar counts rows)."""
+    return math.ceil((len(task.train) if items is None else items) / recipe.batch_size) * recipe.epochs
 
 
 def run_task(checkpoint: str, tokenizer, task: TaskData, recipe, seed: int, runtime, random_init: bool, label: str,
@@ -228,7 +229,7 @@ def run_epochs(task, recipe, seed, runtime, model, train_lengths, batch_loss, pr
     batch's loss, `predict(split)` the split's predictions as the task's scorer reads them."""
     rng = random.Random(seed)
     optimizer = build_optimizer(model, recipe)
-    total = math.ceil(len(train_lengths) / recipe.batch_size) * recipe.epochs  # SQuAD: its windows, not questions
+    total = steps_per_run(task, recipe, len(train_lengths))
     schedule = FINETUNE_SCHEDULES.get_or_explain(recipe.schedule)
     scheduler = schedule.build(optimizer, int(recipe.warmup_fraction * total), total)
     scaler, curve = runtime.grad_scaler(), []

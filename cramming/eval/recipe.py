@@ -150,7 +150,7 @@ def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: b
     for task in tasks:
         recipe = recipe_for(config.eval, task.name)
         runs = [run_task(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
-                         f"{label} {task.name} seed {config.seed + i}", progress) for i in range(config.eval.seeds)]
+                          f"{label} {task.name} seed {config.seed + i}", progress) for i in range(config.eval.seeds)]
         summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs]) for split in task.dev}
         per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
                                "train_examples": len(task.train), "source": task.source,

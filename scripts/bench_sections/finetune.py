@@ -42,14 +42,14 @@ def run_trainer(checkpoint: str, glue: Path, examples: int, out: Path) -> float:
     import transformers
     from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
-    from cramming.eval.classifier_head import build_classifier, encode
+    from cramming.eval.classifier_head import build_classifier, encode_texts
     from cramming.eval.tasks import load_task
 
     transformers.logging.set_verbosity_error()
     task = load_task("sst2", str(glue))
     rows = random.Random(0).sample(task.train, examples) if len(task.train) > examples else task.train
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=True)
-    ids = encode(tokenizer, rows, RECIPE["max_length"])
+    ids = encode_texts(tokenizer, rows, RECIPE["max_length"])
     dataset = [{"input_ids": i, "labels": r.label} for i, r in zip(ids, rows)]
     model = build_classifier(checkpoint, task, 0.1, False)
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=RECIPE["batch_size"], num_train_epochs=1,
