@@ -65,6 +65,10 @@ def pretrain_main(cfg) -> float | None:
         remove_if_bookkeeping(Path(run_dir))  # a dry run checked the config and made nothing to keep
     if env_rank() != 0:
         return None  # rank 0 evaluates, records and returns the objective
+    if eval_config and summary.get("stopped_by"):  # told to stop while it saved: the evaluation is not begun
+        print(f"eval_after not run ({summary['stopped_by']}): evaluate the checkpoint with "
+              f"`python eval.py checkpoint={summary['checkpoint']}`", flush=True)
+        eval_config = None
     results = evaluate_after(eval_config, summary["checkpoint"], run_dir) if eval_config else None
     return objective_value(config, summary, results)  # what a sweeper optimises (sweep_objective)
 

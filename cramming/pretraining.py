@@ -36,6 +36,7 @@ from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch, microbatch_size
 from .train.nonfinite import NONFINITE
 from .train.resume import Checkpointer, find_resume, load_checkpoint, resume_folder
+from .train.signals import StopFlag
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
 from .validation.across import run_problem
@@ -174,17 +175,21 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
                       microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
                       autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])
-    result, final, validating = fit(trainer, state, measure, log, validation, say, start)
-    rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
-    started = time.time()
-    averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
-    seconds = {"setup": setup_seconds, "eval": eval_seconds + validating + time.time() - started}
-    summary = summarize(config, runtime, engine, run.parameters, run.flops, result, final, state.untrained, seconds,
-                        resumed_from, folder, meta)
-    summary.update(energy.summary(engine, runtime.device, result["tokens"]))
-    summary.update(target_summary(validation))
-    summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
-    save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
+    with StopFlag() as stop:  # a stop signal after the last step waits for the final checkpoint: the run is whole
+        result, final, validating = fit(trainer, state, measure, log, validation, say, start, stop)
+        rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
+        started = time.time()
+        averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
+        seconds = {"setup": setup_seconds, "eval": eval_seconds + validating + time.time() - started}
+        summary = summarize(config, runtime, engine, run.parameters, run.flops, result, final, state.untrained,
+                            seconds, resumed_from, folder, meta)
+        summary.update(energy.summary(engine, runtime.device, result["tokens"]))
+        summary.update(target_summary(validation))
+        summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
+        save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
+    if stop.signal:  # not in train_summary.json: the run it describes is whole
+        say(f"{stop.signal} came after the last step: the run finished and its checkpoint is whole", flush=True)
+        summary["stopped_by"] = stop.signal
     return summary
 
 
@@ -242,11 +247,11 @@ def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective
             "checkpoint": str(path)}
 
 
-def fit(trainer, state, measure, log, validation, say, start: str = "untrained") -> tuple[dict, dict, float]:
+def fit(trainer, state, measure, log, validation, say, start: str = "untrained", stop=None) -> tuple[dict, dict, float]:
     """The budget loop, then the final validation: its result, the final metrics and the seconds validating.
-    start: what the loss before the first step is (start_names)."""
+    start: what the loss before the first step is (start_names); stop: the StopFlag held over both."""
     try:
-        result = {**trainer.fit(state), "microbatch": trainer.microbatch}
+        result = {**trainer.fit(state, stop), "microbatch": trainer.microbatch}
         started = time.time()
         final = measure()
         seconds = time.time() - started + (validation.seconds if validation else 0.0)

@@ -1,4 +1,7 @@
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -68,23 +71,54 @@ def _cache_env(cache_dir, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 300,
-                 env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python pretrain.py` as a user would, from the repository root; `env` replaces the environment."""
-    args = [sys.executable, str(REPO / "pretrain.py"), *overrides]
-    if run_dir is not None:
-        args.append(f"hydra.run.dir={run_dir}")
+def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 300, env: dict | None = None,
+                 in_process: bool = False) -> subprocess.CompletedProcess:
+    """Run `python pretrain.py` as a user would, from the repository root; `env` replaces the environment;
+    `in_process`: for a command that does no work (a refusal, a dryrun), run in this process (run_command)."""
+    args = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
+    if in_process:
+        return run_command("pretrain.py", args)
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(REPO / "pretrain.py"), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
-def run_eval(*overrides: str, tmp_path: Path, timeout: int = 600, env: dict | None = None):
+def run_eval(*overrides: str, tmp_path: Path, timeout: int = 600, env: dict | None = None, in_process: bool = False):
     """Run `python eval.py` as a user would, its Hydra folder and results table under `tmp_path`; `env` replaces
-    the environment. Each eval CLI test file binds its preset and fast recipe (functools.partial)."""
-    args = [sys.executable, str(REPO / "eval.py"), *overrides, f"hydra.run.dir={tmp_path}/eval",
-            f"eval.results_table={tmp_path}/results.csv"]
+    the environment; `in_process` as for run_pretrain. Each eval CLI test file binds its preset and fast recipe
+    (functools.partial)."""
+    args = [*overrides, f"hydra.run.dir={tmp_path}/eval", f"eval.results_table={tmp_path}/results.csv"]
+    if in_process:
+        return run_command("eval.py", args)
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(REPO / "eval.py"), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_command(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in this process: the command's own entry function with sys.argv set, from the
+    repository root, its exit code and output caught. For commands that do no work (a refusal, a dryrun), where a
+    new interpreter's imports would be most of the test's time; test_cli_errors keeps the entry points' contract
+    in real subprocesses."""
+    from cramming.commands import eval_command, pretrain_command
+
+    entry = {"pretrain.py": pretrain_command, "eval.py": eval_command}[script]
+    out, err, argv, code = io.StringIO(), io.StringIO(), sys.argv, 0
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # Hydra sets up the job's logging: undone after
+    sys.argv = [str(REPO / script), *args]
+    try:
+        with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            entry(script)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    finally:
+        sys.argv = argv
+        for handler in set(root.handlers) - set(handlers):
+            handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
 def last_line_path(result, prefix: str) -> Path:
@@ -161,6 +195,7 @@ SLOW_MODULES = {"test_eval_cli", "test_bench_original", "test_deepspeed", "test_
                 "test_attention_kernel", "test_opcheck", "test_kernel_wiring"}
 SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run",
               "test_a_stop_signal_checkpoints_and_exits_75",
+              "test_a_stop_signal_after_the_last_step_lets_the_run_finish",
               "test_pretrain_with_the_triton_kernels_matches_sdpa",
               "test_compiled_model_keeps_the_triton_ops_in_one_graph", "test_cli_error_for_triton_without_a_gpu",
               "test_compile_on_cpu", "test_two_ranks_update_as_one_process_over_the_whole_batch",

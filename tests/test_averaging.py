@@ -112,7 +112,7 @@ def test_the_averaged_checkpoint_is_saved_loads_in_eval_and_differs_from_the_las
 
 
 def test_a_bad_value_exits_2_before_any_work(tmp_path):
-    result = run_pretrain(*TINY, "train.averaging=lawa", "train.lawa.k=0", run_dir=tmp_path / "run")
+    result = run_pretrain(*TINY, "train.averaging=lawa", "train.lawa.k=0", run_dir=tmp_path / "run", in_process=True)
     one_line_error(result, "train.lawa.k=0")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -70,5 +70,5 @@ def test_cuda_graphs_with_a_sequence_curriculum_get_a_note():
 
 
 def test_the_command_line_refusal_is_one_line_with_exit_2(tmp_path):
-    result = run_pretrain(*TINY, "impl.compile_mode=reduce-overhead", run_dir=tmp_path)
+    result = run_pretrain(*TINY, "impl.compile_mode=reduce-overhead", run_dir=tmp_path, in_process=True)
     one_line_error(result, "impl.compile_mode='reduce-overhead'", "impl.compile=false compiles nothing")

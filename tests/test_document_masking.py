@@ -175,5 +175,5 @@ def test_the_option_reaches_the_model_from_the_command_line(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         weights[on] = load_file(tmp_path / on / "checkpoint" / "model.safetensors")
     assert any(not torch.equal(weights["true"][k], weights["false"][k]) for k in weights["true"])
-    one_line_error(run_pretrain("data.document_masking=sometimes", run_dir=tmp_path / "bad"),
+    one_line_error(run_pretrain("data.document_masking=sometimes", run_dir=tmp_path / "bad", in_process=True),
                    "data.document_masking")

@@ -253,7 +253,7 @@ def test_resuming_is_bitwise_identical(sigterm_at, tmp_path):  # noqa: F811
 
 
 def test_the_cli_trains_rtd_and_refuses_bad_values(tmp_path):
-    bad = run_pretrain(*TINY, "arch.objective=rtd", "arch.rtd.weight=-1", run_dir=tmp_path / "bad")
+    bad = run_pretrain(*TINY, "arch.objective=rtd", "arch.rtd.weight=-1", run_dir=tmp_path / "bad", in_process=True)
     one_line_error(bad, "arch.rtd.weight=-1.0 is invalid")
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
     good = run_pretrain(*NAN_RUN, "arch.objective=rtd", "train.max_steps=3", run_dir=tmp_path / "good")

@@ -38,7 +38,8 @@ def eval_config(*overrides):
                                                  ("fp8", "float8 is for pretraining")])
 def test_bad_precision_is_one_line_error_before_any_work(precision, fragment, smoke_checkpoint, tmp_path):
     """fp8 is a pretraining precision (cramming/train/fp8.py): fine-tuning refuses it rather than run bf16 quietly."""
-    result = run_eval(f"checkpoint={smoke_checkpoint}", *FAST, f"impl.precision={precision}", tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", *FAST, f"impl.precision={precision}", tmp_path=tmp_path,
+                      in_process=True)
     one_line_error(result, f"impl.precision='{precision}'", fragment)
     assert not (tmp_path / "eval" / "results.json").exists()
 
@@ -53,7 +54,7 @@ def test_cut_short_weights_are_one_line_error(smoke_checkpoint, tmp_path):
     size = weights.stat().st_size
     with open(weights, "r+b") as fh:
         fh.truncate(size // 2)
-    result = run_eval(f"checkpoint={folder}", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={folder}", *FAST, tmp_path=tmp_path, in_process=True)
     one_line_error(result, str(weights), "cut short", f"{size:,}")
 
 

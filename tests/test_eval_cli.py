@@ -137,7 +137,7 @@ def test_any_hugging_face_encoder_folder(smoke_checkpoint, tmp_path):
 
 def test_bad_checkpoints(smoke_checkpoint, tmp_path):
     # through the CLI once: the exit code and the single error line
-    one_line_error(run_eval(f"checkpoint={tmp_path}/nothing", *FAST, tmp_path=tmp_path), "no such folder")
+    one_line_error(run_eval(f"checkpoint={tmp_path}/nothing", *FAST, tmp_path=tmp_path, in_process=True), "no such folder")
     broken = tmp_path / "broken"
     shutil.copytree(smoke_checkpoint, broken)
     (broken / "model.safetensors").unlink()
@@ -185,4 +185,5 @@ def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
 
 
 def test_an_unreachable_hub_id_is_one_line(tmp_path):
-    one_line_error(run_eval("checkpoint=nobody/no-such-model", *FAST, tmp_path=tmp_path), "hub is unreachable")
+    one_line_error(run_eval("checkpoint=nobody/no-such-model", *FAST, tmp_path=tmp_path, in_process=True),
+                   "hub is unreachable")

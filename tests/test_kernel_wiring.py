@@ -76,10 +76,10 @@ def test_missing_triton_is_explained(monkeypatch):
 
 
 @needs_triton
-def test_cli_error_for_triton_without_a_gpu(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def test_cli_error_for_triton_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
     result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
-                          "impl.attention=triton", run_dir=tmp_path, env=env)
+                          "impl.attention=triton", run_dir=tmp_path, in_process=True)
     one_line_error(result, "impl.attention=triton", "CUDA GPU")
     assert not (tmp_path / "checkpoint").exists()
 

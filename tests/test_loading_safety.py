@@ -237,14 +237,16 @@ def test_the_command_line_refuses_every_attack_in_one_line(source_run, tmp_path)
 
     marker = tmp_path / "marker"
     folder = tampered(source_run, tmp_path, marker)
-    one_line_error(run_eval(f"checkpoint={folder}", *custom_task(tmp_path), tmp_path=tmp_path),
+    one_line_error(run_eval(f"checkpoint={folder}", *custom_task(tmp_path), tmp_path=tmp_path, in_process=True),
                    "modeling_crammed.py", "eval.trust_remote_code=true")
     smoke = [*TINY, "train.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}"]
-    one_line_error(run_pretrain(*smoke, f"train.init_from={folder}", run_dir=tmp_path / "a"),
+    one_line_error(run_pretrain(*smoke, f"train.init_from={folder}", run_dir=tmp_path / "a", in_process=True),
                    "train.trust_remote_code=true")
     step = poisoned_step(source_run, tmp_path, marker)
-    one_line_error(run_pretrain(*smoke, f"train.resume={step}", run_dir=tmp_path / "b"), "posix.system")
-    one_line_error(run_pretrain(*smoke, f"train.init_from={step}", run_dir=tmp_path / "c"), "posix.system")
+    one_line_error(run_pretrain(*smoke, f"train.resume={step}", run_dir=tmp_path / "b", in_process=True),
+                   "posix.system")
+    one_line_error(run_pretrain(*smoke, f"train.init_from={step}", run_dir=tmp_path / "c", in_process=True),
+                   "posix.system")
     exported = subprocess.run([sys.executable, "-m", "cramming.export", str(step)], cwd=REPO, capture_output=True,
                               text=True, timeout=300, check=False)
     one_line_error(exported, "posix.system")

@@ -74,7 +74,7 @@ def test_ner_end_to_end(smoke_checkpoint, data_dir, tmp_path):
 ])
 def test_bad_conll_input_is_one_line_exit_2_and_no_results(smoke_checkpoint, data_dir, tmp_path, mangle, fragments):
     mangle(data_dir)
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data_dir}", tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data_dir}", tmp_path=tmp_path, in_process=True)
     one_line_error(result, *fragments)
     assert not (tmp_path / "eval" / "results.json").exists() and not (tmp_path / "results.csv").exists()
 

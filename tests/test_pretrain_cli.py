@@ -68,7 +68,7 @@ def test_multirun_two_jobs(tmp_path, cache_dir):
 
 def test_dryrun_touches_no_data_and_leaves_no_folder(tmp_path):
     result = run_pretrain("dryrun=true", "data=local-text", "data.path=/nonexistent/but/not/read",
-                          run_dir=tmp_path / "dry")
+                          run_dir=tmp_path / "dry", in_process=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "dryrun: config valid" in result.stdout
     assert not (tmp_path / "dry").exists()  # a dry run made nothing to keep
@@ -77,24 +77,25 @@ def test_dryrun_touches_no_data_and_leaves_no_folder(tmp_path):
 def test_a_refused_run_leaves_no_folder_and_a_real_one_keeps_its_own(tmp_path):
     from test_eval_cli import run_eval
 
-    one_line_error(run_pretrain(*CPU_TINY, "train.lr=-1", run_dir=tmp_path / "pre"), "train.lr")
-    one_line_error(run_pretrain(*CPU_TINY, f"train.resume={tmp_path}/nowhere", run_dir=tmp_path / "res"),
+    one_line_error(run_pretrain(*CPU_TINY, "train.lr=-1", run_dir=tmp_path / "pre", in_process=True), "train.lr")
+    one_line_error(run_pretrain(*CPU_TINY, f"train.resume={tmp_path}/nowhere", run_dir=tmp_path / "res", in_process=True),
                    "no such folder")
-    one_line_error(run_eval(f"checkpoint={tmp_path}/nowhere", tmp_path=tmp_path), "no such folder")
+    one_line_error(run_eval(f"checkpoint={tmp_path}/nowhere", tmp_path=tmp_path, in_process=True), "no such folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither run folder, nor eval's
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")  # a folder with anything else in it is never removed
-    one_line_error(run_pretrain(*CPU_TINY, "train.lr=-1", run_dir=tmp_path / "kept"), "train.lr")
+    one_line_error(run_pretrain(*CPU_TINY, "train.lr=-1", run_dir=tmp_path / "kept", in_process=True), "train.lr")
     assert (tmp_path / "kept" / "notes.txt").is_file() and (tmp_path / "kept" / "pretrain.log").is_file()
 
 
 def test_error_missing_path(tmp_path):
-    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={tmp_path}/nope.txt", run_dir=tmp_path / "r")
+    result = run_pretrain(*CPU_TINY, "data=local-text", f"data.path={tmp_path}/nope.txt", run_dir=tmp_path / "r",
+                          in_process=True)
     one_line_error(result, "no such file or folder", "nope.txt")
 
 
 def test_error_hub_offline(tmp_path):
-    result = run_pretrain(*CPU_TINY, "data=wikitext-103", run_dir=tmp_path / "r")
+    result = run_pretrain(*CPU_TINY, "data=wikitext-103", run_dir=tmp_path / "r", in_process=True)
     one_line_error(result, "cannot be reached", "data=local-text")
 
 
@@ -102,11 +103,11 @@ def test_error_bad_config_before_any_work(tmp_path):
     """A bad value stops the run before the data (which does not exist here) is touched; every other
     bad value is checked in-process in test_config.py, and every data error in test_data.py."""
     result = run_pretrain(*CPU_TINY, "data=local-text", "data.path=/does/not/matter", "arch.position=spiral",
-                          run_dir=tmp_path)
+                          run_dir=tmp_path, in_process=True)
     one_line_error(result, "arch.position='spiral'")
 
 
 def test_unknown_group_option_lists_choices(tmp_path):
-    result = run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path)
+    result = run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path, in_process=True)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "crammed-bert-tiny" in result.stderr  # Hydra lists the available options

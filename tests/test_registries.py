@@ -1,6 +1,9 @@
 """Option names map to registered objects that carry their behaviour: a new position scheme, attention pattern or
 schedule is one class plus one registry line, and the model, the attention and config validation ask the object."""
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -8,9 +11,11 @@ from cramming.config import PretrainConfig
 from cramming.errors import UserError
 from cramming.eval.finetune import FINETUNE_SCHEDULES
 from cramming.model import CrammedConfig, CrammedForMaskedLM
-from cramming.model.attention import eager_attention
+from cramming.model.arch import ArchConfig, AttentionConfig
+from cramming.model.attention import ATTENTION_KERNELS, eager_attention, kernel_problem
 from cramming.model.patterns import PATTERNS, Local
 from cramming.model.positions import POSITIONS, LearnedPositions, PositionScheme
+from cramming.run import build_model
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.schedule import SCHEDULES
 from cramming.validation import validate
@@ -110,8 +115,6 @@ def test_the_objective_names_its_head():
 
 def test_a_kernel_refuses_exactly_the_arguments_it_does_not_serve():
     """impl.attention's refusals come from what each kernel declares it computes, not from pattern names."""
-    from cramming.model.arch import ArchConfig, AttentionConfig
-    from cramming.model.attention import ATTENTION_KERNELS, kernel_problem
 
     def narrow(q, k, v, spec):
         raise AssertionError("never called")
@@ -125,3 +128,40 @@ def test_a_kernel_refuses_exactly_the_arguments_it_does_not_serve():
     narrow.serves = frozenset({"window", "stepped", "alibi", "dropout"})
     assert all(kernel_problem(narrow, a) is None for a in
                (mixed, ArchConfig(position="alibi"), ArchConfig(attention_dropout=0.1)))
+
+
+# ---------------------------------------------------------------- what the objective writes into a model folder
+
+
+def test_a_new_causal_objective_needs_no_name_in_the_model(tmp_path, monkeypatch):
+    """An objective that says `causal` gets a causal model, and its saved config.json answers so without the
+    objectives: the model folder never tests an objective's name (this one is new to it)."""
+    monkeypatch.setitem(OBJECTIVES, "prefix-lm", OBJECTIVES["clm"])  # the clm objective under a new name
+    config = built_config("prefix-lm")
+    assert config.causal and config.objective == "prefix-lm"
+    config.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["causal"] is True
+    assert CrammedConfig.from_pretrained(tmp_path).causal is True
+
+
+def built_config(objective: str) -> CrammedConfig:
+    arch = ArchConfig(objective=objective, hidden_size=32, num_heads=4, ffn_size=64, num_layers=2)
+    runtime = SimpleNamespace(attention="sdpa", rotary="torch", loss="plain")
+    return build_model(arch, 97, {"pad": 0, "cls": 2, "sep": 3, "mask": 4}, runtime).config
+
+
+def test_the_config_built_for_an_objective_says_its_causal_trait():
+    assert {n: built_config(n).causal for n in OBJECTIVES} == {n: OBJECTIVES.trait(n, "causal") for n in OBJECTIVES}
+
+
+@pytest.mark.parametrize("objective, causal", [("clm", True), ("mlm", False), ("rtd", False)])
+def test_a_config_saved_before_it_said_causal_reads_as_its_objective_did(objective, causal, tmp_path):
+    """config.json files written before `causal` was stored lack the key; so do configs built by hand."""
+    CrammedConfig(objective=objective).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("causal", None)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert CrammedConfig.from_pretrained(tmp_path).causal is causal
+    assert CrammedConfig(objective=objective).causal is causal
+    assert CrammedConfig(objective=objective, causal=not causal).causal is (not causal)
+

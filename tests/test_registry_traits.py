@@ -1,35 +1,73 @@
-"""Typed registry entries: each registry declares its traits, an undeclared one is refused when registering and when
-reading, traits are opt-in (False unless the entry says so, by registration or class attribute), and the checks
-that used to test names ask the trait and list, from the registry, the entries that have it."""
+"""Traits, tested once. A registry declares the traits its entries may carry; an undeclared one is refused when
+registering and when reading; traits are opt-in. Every consumer asks the trait, never a name: the table below flips
+each declared trait of one entry and watches what its consumer decides change, and a trait no row flips fails the
+completeness test, so a new trait comes with its row."""
 
+import contextlib
+import dataclasses
+import inspect
 import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from hydra import compose, initialize_config_dir
 
-from cramming.config import PretrainConfig
+from cramming.config import PretrainConfig, TrainConfig
 from cramming.engines import ENGINES
-from cramming.engines.deepspeed import DeepSpeed
-from cramming.engines.deepspeed import problem as deepspeed_problem
-from cramming.model import CrammedConfig
-from cramming.model.arch import ArchConfig
+from cramming.errors import UserError
+from cramming.eval import finetune as finetune_module
+from cramming.eval.config import EvalConfig, EvalRunConfig
+from cramming.eval.finetune import HEADS, run_task
+from cramming.eval.kinds import BENCHMARKS
+from cramming.eval.recipe import card_entry, load_tasks
+from cramming.eval.squad import fit_length
+from cramming.impl import Runtime, resolve_kernels
+from cramming.model import CrammedConfig, CrammedForMaskedLM
+from cramming.model.arch import ArchConfig, AttentionConfig
+from cramming.model.attention import ATTENTION_KERNELS, AttentionSpec, attend_at
 from cramming.model.block import BLOCKS, TransformerBlock, cache_problem
 from cramming.model.ffn import FFNS
 from cramming.model.linear import LINEARS
-from cramming.model.patterns import PATTERNS, Global
+from cramming.model.parametrization import PARAMETRIZATIONS
+from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS, PositionScheme
+from cramming.model.rotary import ROTARY_IMPLS
+from cramming.pretraining import measure_untrained
 from cramming.registry import Registry
-from cramming.run import build_model
+from cramming.run import build_model, flops_per_token
+from cramming.train.averaging import AVERAGING
+from cramming.train.fp8 import fp8_problem, torchao_problem
+from cramming.train.masking import MASKINGS, mask_count
 from cramming.train.nonfinite import NONFINITE
-from cramming.train.objectives import OBJECTIVES
+from cramming.train.objectives import OBJECTIVES, build_objective
 from cramming.train.optim import OPTIMIZERS
+from cramming.train.resume import MARKER, check_written_alike
+from cramming.train.schedule import window_schedule_problem
+from cramming.train.state import TrainState
+from cramming.train.trainer import Budget, StepPlan, Trainer
+from cramming.validation import load_config
 from cramming.validation.across import (
     block_projections,
+    engine_compile_problem,
     engine_optimizer_problem,
     masking_problem,
+    run_problem,
     token_dropping_problem,
     zero_init_problem,
 )
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SPECIAL = {"pad": 0, "cls": 2, "sep": 3, "mask": 4}
+SMALL = {"hidden_size": 32, "num_heads": 4, "ffn_size": 64, "num_layers": 2, "max_seq_length": 16}
+CPU = torch.device("cpu")
+
+
+# ---------------------------------------------------------------- the registry's own rules
 
 
 def things() -> Registry:
@@ -80,149 +118,359 @@ def test_a_class_attribute_is_the_trait_and_an_undeclared_one_is_refused():
     assert "typo" not in registry
 
 
-def test_a_block_that_takes_a_cache_is_not_refused_one(monkeypatch):
+def test_a_new_entry_inherits_its_traits_and_lacks_those_nobody_gave_it(monkeypatch):
+    """A block under a new name inherits the attention block's kv_cache; a position scheme that does not say its
+    positions travel with the tokens is refused token dropping, and the message lists the schemes that do."""
     class Cached(TransformerBlock):
-        """The attention block under another name: what it inherits says it takes a cache."""
+        pass
 
-    layout = ArchConfig(layout=["attention", "cached"])
     monkeypatch.setitem(BLOCKS, "cached", Cached)
-    assert cache_problem(layout) is None
-    monkeypatch.setattr(Cached, "kv_cache", False)
-    assert cache_problem(layout).startswith("no KV cache for arch.layout=['attention', 'cached']: cached blocks keep "
-                                            "no keys and values (only attention blocks do)")
+    assert cache_problem(ArchConfig(layout=["attention", "cached"])) is None
+
+    class Opaque(PositionScheme):
+        pass
+
+    monkeypatch.setitem(POSITIONS, "opaque", Opaque())
+    assert token_dropping_problem(dropping(position="opaque")) == (
+        "arch.token_dropping.keep=0.5 is invalid: needs positions that travel with the tokens "
+        "(learned, none, rotary, scaled-sinusoidal, sinusoidal), not arch.position=opaque")
+
+
+# ---------------------------------------------------------------- the probes: what a consumer decides
+
+
+def message(call):
+    """A check's refusal as its text (returned, or raised as a UserError or ValueError), None when it accepts."""
+    try:
+        return call()
+    except (UserError, ValueError) as err:
+        return str(err)
+
+
+def refused(*overrides):
+    """The refusal of the composed pretraining config arch=gpt-tiny + overrides, through the validation layer."""
+    def load():
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            load_config(compose(config_name="pretrain", overrides=["arch=gpt-tiny", *overrides]))
+    return message(load)
+
+
+def run_config(**values) -> PretrainConfig:
+    """PretrainConfig() with dotted keys set: run_config(**{"arch.objective": "clm"})."""
+    config = PretrainConfig()
+    for key, value in values.items():
+        *path, last = key.split(".")
+        section = config
+        for name in path:
+            section = getattr(section, name)
+        setattr(section, last, value)
+    return config
 
 
 def dropping(**arch) -> PretrainConfig:
-    config = PretrainConfig()
-    config.arch.token_dropping.keep = 0.5
-    for key, value in arch.items():
-        setattr(config.arch, key, value)
-    return config
+    return run_config(**{"arch.token_dropping.keep": 0.5, **{f"arch.{k}": v for k, v in arch.items()}})
 
 
-def test_token_dropping_asks_the_position_scheme_and_lists_those_that_travel(monkeypatch):
-    class Opaque(PositionScheme):
-        """A scheme that does not say its positions travel with the tokens: opt-in, so refused."""
-
-    monkeypatch.setitem(POSITIONS, "opaque", Opaque())
-    refused = token_dropping_problem(dropping(position="opaque"))
-    assert refused == ("arch.token_dropping.keep=0.5 is invalid: needs positions that travel with the tokens "
-                       "(learned, none, rotary, scaled-sinusoidal, sinusoidal), not arch.position=opaque")
-    monkeypatch.setattr(Opaque, "token_subsets", True)
-    assert token_dropping_problem(dropping(position="opaque")) is None
-    monkeypatch.setattr(POSITIONS["rotary"], "token_subsets", False, raising=False)
-    assert "(learned, none, opaque, scaled-sinusoidal, sinusoidal)" in token_dropping_problem(dropping(position="rotary"))
-
-
-def test_token_dropping_lists_the_patterns_and_blocks_that_have_the_trait(monkeypatch):
-    monkeypatch.setitem(PATTERNS, "everything", Global())
-    local = dropping(position="rotary")
-    local.arch.attention.pattern = ["local"]
-    assert token_dropping_problem(local).endswith("use everything, global or topk")
-    gmlp = dropping(position="rotary", layout=["attention", "gmlp"])
-    assert token_dropping_problem(gmlp).endswith("use only attention blocks in arch.layout")
-    monkeypatch.setattr(BLOCKS["gmlp"], "token_subsets", True, raising=False)
-    assert token_dropping_problem(gmlp) is None
-
-
-def test_structured_linear_layers_are_refused_zero_init_by_their_trait(monkeypatch):
-    config = PretrainConfig()
-    config.arch.zero_init_out, config.arch.linear, config.arch.linear_on = True, "lowrank", ["ffn"]
-    assert zero_init_problem(config).endswith("use arch.linear=dense")
-    monkeypatch.setattr(LINEARS["lowrank"], "structured", False)
-    assert zero_init_problem(config) is None
-    config.arch.linear = "monarch"
-    assert zero_init_problem(config).endswith("use arch.linear=dense or lowrank")
-
-
-def test_a_gated_ffn_halves_the_down_projection(monkeypatch):
-    arch = ArchConfig(ffn="mlp", hidden_size=32, ffn_size=64)
-    assert block_projections(arch)["ffn"] == [(32, 64), (64, 32)]
-    monkeypatch.setattr(FFNS["mlp"], "gated", True, raising=False)
-    assert block_projections(arch)["ffn"] == [(32, 64), (32, 32)]
-
-
-def test_whole_word_masking_asks_whether_the_objective_masks(monkeypatch):
-    config = PretrainConfig()
-    config.arch.objective, config.train.masking = "clm", "whole-word"
-    assert masking_problem(config).endswith("(or choose arch.objective=mlm or rtd)")
-    monkeypatch.setattr(OBJECTIVES["clm"], "masks_tokens", True, raising=False)
-    assert masking_problem(config) is None
-
-
-def built_config(objective: str) -> CrammedConfig:
-    arch = ArchConfig(objective=objective, hidden_size=32, num_heads=4, ffn_size=64, num_layers=2)
+def built_config(objective: str):
+    arch = ArchConfig(objective=objective, **SMALL)
     runtime = SimpleNamespace(attention="sdpa", rotary="torch", loss="plain")
-    return build_model(arch, 97, {"pad": 0, "cls": 2, "sep": 3, "mask": 4}, runtime).config
+    return build_model(arch, 97, SPECIAL, runtime).config
 
 
-def test_the_config_built_for_an_objective_says_its_causal_trait():
-    assert {n: built_config(n).causal for n in OBJECTIVES} == {n: OBJECTIVES.trait(n, "causal") for n in OBJECTIVES}
+def model_flops():
+    config = run_config(**{"arch.objective": "mlm", "arch.sparse_prediction": True})
+    for key, value in SMALL.items():
+        setattr(config.arch, key, value)
+    model = build_model(config.arch, 97, SPECIAL, Runtime(CPU, "fp32", False, "sdpa", "torch"))
+    return flops_per_token(model, config)
 
 
-def test_a_new_causal_objective_needs_no_name_in_the_model(tmp_path, monkeypatch):
-    """An objective that says `causal` gets a causal model, and its saved config.json answers so without the
-    objectives: the model folder never tests an objective's name (this one is new to it)."""
-    monkeypatch.setitem(OBJECTIVES, "prefix-lm", OBJECTIVES["clm"])  # the clm objective under a new name
-    config = built_config("prefix-lm")
-    assert config.causal and config.objective == "prefix-lm"
-    config.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["causal"] is True
-    assert CrammedConfig.from_pretrained(tmp_path).causal is True
-    monkeypatch.setattr(OBJECTIVES["clm"], "causal", False)  # the trait says no: the next-token head refuses
-    with pytest.raises(ValueError, match="objective 'prefix-lm', whose attention is bidirectional"):
-        built_config("prefix-lm")
+def stepped_attention():
+    """Stepped attention computed at positions that are not the tensor's indices (a dropped-token subset)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    ids = torch.tensor([0, 2, 5, 7])
+    spec = AttentionSpec(stepped=2, scale=8 ** -0.5)
+    return attend_at(q, k, v, spec, PATTERNS["stepped"], SimpleNamespace(ids=ids, key_ids=ids)).flatten().tolist()
 
 
-@pytest.mark.parametrize("objective, causal", [("clm", True), ("mlm", False), ("rtd", False)])
-def test_a_config_saved_before_it_said_causal_reads_as_its_objective_did(objective, causal, tmp_path):
-    """config.json files written before `causal` was stored lack the key; so do configs built by hand."""
-    CrammedConfig(objective=objective).save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    saved.pop("causal", None)
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    assert CrammedConfig.from_pretrained(tmp_path).causal is causal
-    assert CrammedConfig(objective=objective).causal is causal
-    assert CrammedConfig(objective=objective, causal=not causal).causal is (not causal)
+def mlm_objective(masking: str):
+    """An mlm objective built without a tokenizer: a masking that reads words refuses."""
+    meta = {"special_ids": SPECIAL, "vocab_size": 97}
+    return message(lambda: build_objective("mlm", TrainConfig(masking=masking), meta, CPU) and "built")
+
+
+def checkpoints_before_the_first_step(policy: str) -> bool:
+    saved = []
+    measure_untrained(run_config(**{"train.nonfinite": policy}), TrainState(), lambda: {"val_loss": 1.0},
+                      lambda: saved.append(True), lambda *a, **k: None)
+    return bool(saved)
+
+
+def resumed_on_another_world(tmp_path) -> str | None:
+    (tmp_path / MARKER).write_text(json.dumps({"world": 2}))
+    return message(lambda: check_written_alike(tmp_path, ENGINES["ddp"](world=4)))
+
+
+def kernel_choice(attention: str, rotary: str):
+    """resolve_kernels on a CPU without the Triton interpreter."""
+    return message(lambda: resolve_kernels(attention, rotary, ArchConfig(), CPU))
+
+
+def squad_fit(position: str, layout=("attention",)):
+    config = SimpleNamespace(max_seq_length=128, position=position, layout=list(layout))
+    return message(lambda: fit_length(config, 384)) or config.max_seq_length
+
+
+def glue_loaded(tmp_path):
+    """Two GLUE tasks whose folders are missing, with eval.skip_missing: skipped (and none left), or an error."""
+    e = EvalConfig(kind="glue", tasks=["rte", "sst2"], data_dir=str(tmp_path), skip_missing=True)
+    return message(lambda: load_tasks(EvalRunConfig(eval=e)))
+
+
+def card_comparable():
+    config = SimpleNamespace(eval=SimpleNamespace(kind="glue", seeds=1))
+    results = {"models": {"pretrained": {"tasks": {}}}, "comparable": True, "finished_at": "now"}
+    return card_entry(config, results, {})["comparable"]
+
+
+def scores_as_it_is(checkpoint, tokenizer, task, recipe, seed, runtime, random_init):
+    return "scored"
+
+
+scores_as_it_is.untrained = True
+
+
+def scored_or_finetuned(monkeypatch):
+    """How run_task runs a head: called as it is (untrained), or through the fine-tuning loop."""
+    monkeypatch.setattr(finetune_module, "finetune", lambda head, *args, **kwargs: "fine-tuned")
+    task = SimpleNamespace(head="scores-as-it-is")
+    result = run_task("ckpt", None, task, None, 0, None, False, "label")
+    return result["final"] if isinstance(result, dict) else result
+
+
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, ids):
+        return SimpleNamespace(loss=self.weight * ids.float().mean())
+
+
+def rows_in_a_step_past_the_budget() -> int:
+    """A step of three microbatches begun with the budget spent: one process takes the one microbatch it has seen;
+    an engine whose ranks agree once per step takes the whole step."""
+    parts = SimpleNamespace(engine=ENGINES["none"](), model=Scale(), scaler=torch.amp.GradScaler("cpu", enabled=False),
+                            batches=iter(lambda: torch.ones(2, 4, dtype=torch.long), None),
+                            objective=SimpleNamespace(batch=lambda ids, mask: {"ids": ids}),
+                            masks=SimpleNamespace(at=lambda position: None))
+    trainer = Trainer(parts=parts, cfg=TrainConfig(), budget=Budget(seconds=0.0), microbatch=2, seq_length=4,
+                      device=CPU, autocast=contextlib.nullcontext)
+    trainer.start = time.perf_counter()
+    return trainer.accumulate(TrainState(), StepPlan(batch_size=6, accumulation=3, rows_per_sequence=1, lr=1.0))[2]
+
+
+def describe_two_ranks(name: str) -> str:
+    return ENGINES[name](world=2).describe()
+
+
+def averaging_problem(engine: str):
+    averaging = next(entry for entry in AVERAGING.values() if entry is not None)
+    return averaging.problem(run_config(**{"impl.distributed": engine}))
 
 
 def onebit(optimizer: str) -> PretrainConfig:
-    config = PretrainConfig()
-    config.impl.distributed, config.train.optim.name = "deepspeed", optimizer
-    config.impl.deepspeed.onebit_adam, config.impl.deepspeed.zero_stage = True, 0
-    return config
+    return run_config(**{"impl.distributed": "deepspeed", "train.optim.name": optimizer,
+                         "impl.deepspeed.onebit_adam": True, "impl.deepspeed.zero_stage": 0})
 
 
-def test_onebit_adam_stands_in_for_optimizers_with_the_adamw_trait(monkeypatch):
-    assert DeepSpeed.settings_problem(onebit("sgd")) is None  # its own settings are fine; the optimizer is across
-    assert engine_optimizer_problem(onebit("adamw")) is None
-    assert engine_optimizer_problem(onebit("sgd")).endswith("leave train.optim.name=adamw")
-    monkeypatch.setattr(OPTIMIZERS["sgd"], "adamw", True, raising=False)
-    assert engine_optimizer_problem(onebit("sgd")) is None
+MUP = "arch.parametrization=mup"
+LONG = ["arch.position=rotary", "arch.max_seq_length=128", "data.seq_length=64",
+        "train.seq_schedule=[[0.5,64],[0.5,256]]"]
+ALIBI = {**SMALL, "vocab_size": 97, "attention_impl": "eager", "position": "alibi"}
+LOCAL = AttentionConfig(pattern=["local"])
 
 
-def test_deepspeed_asks_whether_the_nonfinite_policy_continues(monkeypatch):
-    """validation.across.run_problem asks the policy's trait and the engine whether it checks every gradient."""
-    from cramming.validation.across import run_problem
-
-    config = PretrainConfig()
-    config.impl.deepspeed.zero_stage, config.train.nonfinite = 0, "halt"
-    bf16 = SimpleNamespace(precision="bf16")
-    engine = DeepSpeed()
-    assert deepspeed_problem(config, bf16, 8) is None and run_problem(config, engine, bf16) is None
-    monkeypatch.setattr(NONFINITE["halt"], "continues", True, raising=False)
-    assert run_problem(config, engine, bf16).endswith("or train.nonfinite=rollback")
-    assert run_problem(config, engine, SimpleNamespace(precision="fp16")) is None  # fp16's scaler checks them
+def zero_init_lowrank():
+    return zero_init_problem(run_config(**{"arch.zero_init_out": True, "arch.linear": "lowrank",
+                                           "arch.linear_on": ["ffn"]}))
 
 
-def test_engine_traits_decide_and_list(monkeypatch):
-    from cramming.train.averaging import AVERAGING
+def window_schedule_on_local():
+    return window_schedule_problem(run_config(**{"arch.attention": LOCAL,
+                                                 "train.window_schedule": [[0.5, 16], [0.5, 32]]}))
 
-    averaging = next(entry for entry in AVERAGING.values() if entry is not None)
-    config = PretrainConfig()
-    config.impl.distributed = "fsdp2"
-    assert averaging.problem(config).endswith("use impl.distributed=ddp or none, or train.averaging=none")
-    monkeypatch.setattr(ENGINES["ddp"], "shards_weights", True, raising=False)
-    assert averaging.problem(config).endswith("use impl.distributed=none, or train.averaging=none")
-    config.impl.distributed = "none"
-    assert averaging.problem(config) is None
+
+def deepspeed_halting():
+    config = run_config(**{"impl.deepspeed.zero_stage": 0, "train.nonfinite": "halt"})
+    return run_problem(config, ENGINES["deepspeed"](), SimpleNamespace(precision="bf16"))
+
+
+@dataclass
+class Flip:
+    """Flip `trait` of `registry[entry]`: what `probe` returns changes from `before` to `after` (a regex the value's
+    text must match, None, or the value itself; both None: only that it changes)."""
+
+    registry: Registry
+    entry: str
+    trait: str
+    probe: object  # () -> value, or it takes monkeypatch and/or tmp_path
+    before: object
+    after: object
+    needs: str | None = None  # an optional dependency the consumer checks first (skipped without it)
+    entries: dict | None = None  # entries the row adds to the registry first
+
+
+FLIPS = {
+    "optimizer-normalised-grant": Flip(
+        OPTIMIZERS, "sgd", "normalised_updates", lambda: refused(MUP, "train.optim.name=sgd"),
+        "use one of adamw, lion or arch.parametrization=standard", None),
+    "optimizer-normalised-revoke": Flip(
+        OPTIMIZERS, "lion", "normalised_updates", lambda: refused(MUP, "train.optim.name=lion"),
+        None, "train.optim.name='lion' is invalid: .* use one of adamw or"),
+    "optimizer-whole-matrices": Flip(
+        OPTIMIZERS, "adamw", "whole_matrices",
+        lambda: engine_optimizer_problem(run_config(**{"impl.distributed": "fsdp2"})),
+        None, "cannot run under impl.distributed=fsdp2"),
+    "optimizer-adamw": Flip(
+        OPTIMIZERS, "sgd", "adamw", lambda: engine_optimizer_problem(onebit("sgd")),
+        "leave train.optim.name=adamw", None),
+    "mup-needs-normalised": Flip(
+        PARAMETRIZATIONS, "mup", "needs_normalised_updates", lambda: refused(MUP, "train.optim.name=sgd"),
+        "use one of adamw, lion", None),
+    "mup-width-relative": Flip(
+        PARAMETRIZATIONS, "mup", "width_relative",
+        lambda: OBJECTIVES["rtd"].problem(run_config(**{"arch.parametrization": "mup"})),
+        "trains a generator of another width, .* use standard", None),
+    "block-width-scaled": Flip(
+        BLOCKS, "gmlp", "width_scaled", lambda: refused(MUP, "arch.layout=[attention,gmlp]"),
+        "does not scale gmlp blocks .* use only attention blocks", None),
+    "block-value-embedding": Flip(
+        BLOCKS, "gmlp", "takes_value_embedding",
+        lambda: refused("arch.value_embeddings=1", "arch.layout=[gmlp,attention]"),
+        "use only attention blocks in arch.layout", None),
+    "block-fixed-length": Flip(
+        BLOCKS, "attention", "fixed_length", lambda: refused(*LONG),
+        None, "rotary positions and attention do not extrapolate"),
+    "block-fixed-length-squad": Flip(
+        BLOCKS, "gmlp", "fixed_length", lambda: squad_fit("rotary", ["gmlp"]),
+        "longer than this checkpoint's gmlp blocks' sequence-sized weights", 384),
+    "block-kv-cache": Flip(
+        BLOCKS, "attention", "kv_cache", lambda: cache_problem(ArchConfig(layout=["attention"])),
+        None, "no KV cache for arch.layout=\\['attention'\\]: attention blocks keep no keys"),
+    "block-token-subsets": Flip(
+        BLOCKS, "gmlp", "token_subsets",
+        lambda: token_dropping_problem(dropping(position="rotary", layout=["attention", "gmlp"])),
+        "use only attention blocks in arch.layout", None),
+    "position-token-subsets": Flip(
+        POSITIONS, "rotary", "token_subsets", lambda: token_dropping_problem(dropping(position="rotary")),
+        None, r"\(learned, none, scaled-sinusoidal, sinusoidal\), not arch.position=rotary"),
+    "position-alibi": Flip(
+        POSITIONS, "alibi", "alibi",
+        lambda: CrammedForMaskedLM(CrammedConfig(**ALIBI)).encoder.layers[0].attn.spec.alibi, True, False),
+    "position-learned-table": Flip(
+        POSITIONS, "learned", "learned_table", lambda: squad_fit("learned"),
+        "longer than this checkpoint's learned position table", 384),
+    "pattern-token-subsets": Flip(
+        PATTERNS, "local", "token_subsets",
+        lambda: token_dropping_problem(dropping(position="rotary", attention=LOCAL)), "use global or topk", None),
+    "pattern-windowed": Flip(
+        PATTERNS, "local", "windowed", window_schedule_on_local,
+        None, "needs a stepped pattern in arch.attention.pattern"),
+    "pattern-absolute": Flip(PATTERNS, "stepped", "absolute", stepped_attention, None, None),
+    "linear-structured": Flip(LINEARS, "lowrank", "structured", zero_init_lowrank, "use arch.linear=dense", None),
+    "ffn-gated": Flip(
+        FFNS, "mlp", "gated", lambda: block_projections(ArchConfig(ffn="mlp", hidden_size=32, ffn_size=64))["ffn"],
+        [(32, 64), (64, 32)], [(32, 64), (32, 32)]),
+    "objective-masks-tokens": Flip(
+        OBJECTIVES, "clm", "masks_tokens",
+        lambda: masking_problem(run_config(**{"arch.objective": "clm", "train.masking": "whole-word"})),
+        r"\(or choose arch.objective=mlm or rtd\)", None),
+    "objective-causal": Flip(
+        OBJECTIVES, "clm", "causal", lambda: message(lambda: built_config("clm").causal),
+        True, "objective 'clm', whose attention is bidirectional"),
+    "objective-scores-masked-only": Flip(OBJECTIVES, "mlm", "scores_masked_only", model_flops, None, None),
+    "masking-grouped": Flip(
+        MASKINGS, "span", "grouped",
+        lambda: masking_problem(run_config(**{"arch.objective": "clm", "train.masking": "span"})),
+        "arch.objective=clm masks nothing", None),
+    "masking-reads-words": Flip(
+        MASKINGS, "token", "reads_words", lambda: mlm_objective("token"),
+        "built", "needs the tokenizer to find word starts"),
+    "masking-per-span": Flip(MASKINGS, "token", "per_span", lambda: mask_count(0.15, 128, "token"), 19, 20),
+    "nonfinite-continues": Flip(NONFINITE, "halt", "continues", deepspeed_halting, None, "or train.nonfinite=rollback"),
+    "nonfinite-checkpoint-first": Flip(
+        NONFINITE, "halt", "checkpoint_first", lambda: checkpoints_before_the_first_step("halt"), False, True),
+    "engine-shards-weights": Flip(
+        ENGINES, "ddp", "shards_weights", lambda: averaging_problem("fsdp2"),
+        "use impl.distributed=ddp or none, or", "use impl.distributed=none, or"),
+    "engine-compiles-itself": Flip(
+        ENGINES, "deepspeed", "compiles_itself",
+        lambda: engine_compile_problem(run_config(**{"impl.distributed": "deepspeed",
+                                                     "impl.compile_mode": "max-autotune"})),
+        "compiles the model itself", None),
+    "engine-own-precision": Flip(
+        ENGINES, "deepspeed", "own_precision",
+        lambda: fp8_problem(run_config(**{"impl.distributed": "deepspeed", "impl.precision": "fp8"})),
+        "runs the model in its own precision", None, needs="torchao"),
+    "engine-same-world": Flip(
+        ENGINES, "ddp", "same_world_to_resume", resumed_on_another_world, None, "resume it on 2 processes, not 4"),
+    "engine-whole-steps": Flip(ENGINES, "none", "whole_steps", rows_in_a_step_past_the_budget, 2, 6),
+    "engine-active": Flip(ENGINES, "none", "active", lambda: describe_two_ranks("none"), "", ", none on 2 processes"),
+    "attention-needs-triton": Flip(
+        ATTENTION_KERNELS, "sdpa", "needs_triton", lambda: kernel_choice("sdpa", "torch"),
+        ("sdpa", "torch"), "impl.attention=sdpa cannot serve this run: Triton kernels"),
+    "rotary-needs-triton": Flip(
+        ROTARY_IMPLS, "torch", "needs_triton", lambda: kernel_choice("sdpa", "torch"),
+        ("sdpa", "torch"), "impl.rotary=torch cannot serve this run: Triton kernels"),
+    "benchmark-skippable": Flip(
+        BENCHMARKS, "glue", "skippable", glue_loaded,
+        r"no task could be loaded \(rte, sst2\)", "rte: missing task folder"),
+    "benchmark-published": Flip(BENCHMARKS, "glue", "published", card_comparable, True, False),
+    "head-untrained": Flip(
+        HEADS, "scores-as-it-is", "untrained", scored_or_finetuned, "scored", "fine-tuned",
+        entries={"scores-as-it-is": scores_as_it_is}),
+}
+
+
+def agrees(value, expected) -> bool:
+    if isinstance(expected, str):
+        return isinstance(value, str) and re.search(expected, value) is not None
+    return value == expected
+
+
+@pytest.mark.parametrize("name", list(FLIPS))
+def test_flipping_a_trait_flips_what_its_consumer_decides(name, monkeypatch, tmp_path):
+    flip = FLIPS[name]
+    if flip.needs == "torchao" and torchao_problem():
+        pytest.skip("the consumer checks torchao first (pip install -e '.[fp8]')")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the kernel rows ask a CPU without the interpreter
+    for key, entry in (flip.entries or {}).items():
+        monkeypatch.setitem(flip.registry, key, entry)
+
+    def probe():
+        fixtures = {"monkeypatch": monkeypatch, "tmp_path": tmp_path}
+        return flip.probe(*[fixtures[name] for name in inspect.signature(flip.probe).parameters])
+
+    before = probe()
+    if flip.before is not None or flip.after is not None:
+        assert agrees(before, flip.before), f"{name}: before the flip {before!r}, expected {flip.before!r}"
+    entry, had = flip.registry[flip.entry], flip.registry.trait(flip.entry, flip.trait)
+    if dataclasses.is_dataclass(entry) and entry.__dataclass_params__.frozen:  # a Benchmark: a new entry, flipped
+        monkeypatch.setitem(flip.registry, flip.entry, dataclasses.replace(entry, **{flip.trait: not had}))
+    else:
+        monkeypatch.setattr(entry, flip.trait, not had, raising=False)
+    after = probe()
+    assert after != before, f"{name}: flipping {flip.trait} of {flip.entry} changed nothing ({after!r})"
+    if flip.before is not None or flip.after is not None:
+        assert agrees(after, flip.after), f"{name}: after the flip {after!r}, expected {flip.after!r}"
+
+
+def test_every_declared_trait_has_a_row():
+    """A trait is a decision some component makes from it: each registry's declared traits are all flipped above."""
+    registries = [PARAMETRIZATIONS, PATTERNS, BLOCKS, LINEARS, ATTENTION_KERNELS, FFNS, ROTARY_IMPLS, POSITIONS,
+                  ENGINES, OPTIMIZERS, NONFINITE, OBJECTIVES, MASKINGS, BENCHMARKS, HEADS]
+    flipped = {(flip.registry.kind, flip.trait) for flip in FLIPS.values()}
+    declared = {(registry.kind, trait) for registry in registries for trait in registry.traits}
+    assert declared - flipped == set()

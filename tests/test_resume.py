@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from cramming import pretraining
 from cramming import run as run_module
 from cramming.errors import RunStopped, UserError, exit_on_user_error
+from cramming.train.checkpoint import is_complete
 from cramming.train.resume import Checkpointer, complete_checkpoints, find_resume
 from cramming.train.state import TrainState
 from cramming.validation import load_config
@@ -258,6 +259,27 @@ def test_a_stop_signal_checkpoints_and_exits_75(sigterm_at, tmp_path, capsys):
     assert line == (f"stopped: stopped by SIGTERM at step 3; checkpoint {saved[0]}; run the same command again to "
                     "resume (train.resume=auto)")
     assert not (tmp_path / "checkpoint").exists()  # no final checkpoint: the run is not finished
+
+
+def test_a_stop_signal_after_the_last_step_lets_the_run_finish(tmp_path, monkeypatch, capsys):
+    """SIGTERM during the final validation (the budget spent): the run finishes, writes its whole checkpoint and
+    train_summary.json and returns (exit 0), saying so; the signal's default handler never kills the last save."""
+    measured, original = itertools.count(1), pretraining.heldout_metrics
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def measure(*args, **kwargs):
+        if next(measured) == 2:  # the first is the loss before step 1; the second, the final validation
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pretraining, "heldout_metrics", measure)
+    summary = pretraining.pretrain(config_for(*NAN_RUN, "train.checkpoint_every_minutes=null"), tmp_path)
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 6
+    assert is_complete(tmp_path / "checkpoint") and (tmp_path / "train_summary.json").is_file()
+    out = capsys.readouterr().out
+    assert "SIGTERM received: the budget is spent: finishing the run's final validation and checkpoint first" in out
+    assert out.strip().endswith("SIGTERM came after the last step: the run finished and its checkpoint is whole")
+    assert signal.getsignal(signal.SIGTERM) == handler
 
 
 def test_a_torn_last_metrics_line_does_not_block_resuming(tmp_path):

@@ -85,10 +85,11 @@ def test_a_misplaced_answer_is_one_line_exit_2_and_leaves_no_results(smoke_check
     document["data"][0]["paragraphs"][4]["qas"][0]["answers"][0]["answer_start"] += 1
     path.write_text(json.dumps(document, indent=1))
     line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if '"q4"' in text)
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path,
+                      in_process=True)
     one_line_error(result, f"{path} line {line}: data[0].paragraphs[4].qas[0] (question id q4) answers[0]",
                    "answer 'Saint Name4' is not at answer_start")
     assert not (tmp_path / "eval" / "results.json").exists() and not (tmp_path / "results.csv").exists()
     result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, "eval.squad.doc_stride=44",
-                      tmp_path=tmp_path)
+                      tmp_path=tmp_path, in_process=True)
     one_line_error(result, "eval.squad.doc_stride=44", "must be below max_length - max_query_length - 4 = 44")

@@ -51,16 +51,16 @@ def test_superglue_end_to_end(smoke_checkpoint, tmp_path):
 def test_bad_superglue_input_is_one_line_and_exit_2(smoke_checkpoint, tmp_path):
     data = Path(shutil.copytree(FIXTURES, tmp_path / "superglue"))
     shutil.rmtree(data / "WSC")
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path, in_process=True)
     one_line_error(result, "wsc: missing task folder", "WSC")
     shutil.copytree(FIXTURES / "WSC", data / "WSC")
     (data / "AX-b" / "AX-b.jsonl").unlink()
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path, in_process=True)
     one_line_error(result, "axb: missing", "AX-b.jsonl")
     shutil.copytree(FIXTURES / "AX-b", data / "AX-b", dirs_exist_ok=True)
     with open(data / "COPA" / "train.jsonl", "a") as f:
         f.write('{"premise": "x", "choice1": "a", "choice2": "b", "question": "why", "idx": 9, "label": 0}\n')
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", *FAST, tmp_path=tmp_path, in_process=True)
     one_line_error(result, "COPA/train.jsonl line 5", "question 'why' is not one of cause, effect")
     assert not list(tmp_path.glob("eval/results.json"))
 

@@ -14,10 +14,11 @@ pytestmark = pytest.mark.slow
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=64"]
 
 
-def run_eval(preset, checkpoint, data, tmp_path, *overrides):
-    env = {k: v for k, v in os.environ.items() if k not in ("SWAG_DIR", "RACE_DIR")}
+def run_eval(preset, checkpoint, data, tmp_path, *overrides, in_process=False):
+    """in_process: the caller has taken SWAG_DIR and RACE_DIR out of this process's environment."""
+    env = None if in_process else {k: v for k, v in os.environ.items() if k not in ("SWAG_DIR", "RACE_DIR")}
     return conftest.run_eval(f"eval={preset}", f"checkpoint={checkpoint}", f"eval.data_dir={data}", *FAST, *overrides,
-                             tmp_path=tmp_path, env=env)
+                             tmp_path=tmp_path, env=env, in_process=in_process)
 
 
 def csv_rows(tmp_path) -> list[dict]:
@@ -76,13 +77,17 @@ def test_a_causal_checkpoint_answers_multiple_choice(tmp_path):
     assert "is cut to" not in result.stdout  # rotary positions: no table, so no limit (arch.max_seq_length is 1024)
 
 
-def test_bad_data_is_one_line_and_exit_2(smoke_checkpoint, tmp_path):
+def test_bad_data_is_one_line_and_exit_2(smoke_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.delenv("SWAG_DIR", raising=False)
+    monkeypatch.delenv("RACE_DIR", raising=False)
     bad = swag_row(1, 1, endings=["a", "b", "c", ""])
     data = write_swag(tmp_path / "swag", [swag_row(0, 0), bad])
-    one_line_error(run_eval("swag", smoke_checkpoint, data, tmp_path), "train.csv line 3", "ending3 empty")
+    one_line_error(run_eval("swag", smoke_checkpoint, data, tmp_path, in_process=True), "train.csv line 3",
+                   "ending3 empty")
     data = write_race(tmp_path / "race")
     (data / "train" / "middle" / "2.txt").write_text('{"article": "a",\n "questions": [}')
-    one_line_error(run_eval("race", smoke_checkpoint, data, tmp_path), "middle/2.txt line 2: not valid JSON")
-    offline = run_eval("swag", smoke_checkpoint, "null", tmp_path)
+    one_line_error(run_eval("race", smoke_checkpoint, data, tmp_path, in_process=True),
+                   "middle/2.txt line 2: not valid JSON")
+    offline = run_eval("swag", smoke_checkpoint, "null", tmp_path, in_process=True)
     one_line_error(offline, "swag: the hub dataset 'allenai/swag' is unreachable", "eval.data_dir=")
     assert not (tmp_path / "eval" / "results.json").exists() and not (tmp_path / "results.csv").exists()

@@ -4,7 +4,6 @@ checkpoint, checked before training; the objective a sweeper receives."""
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,12 +64,9 @@ def test_eval_after_is_checked_before_training(tmp_path):
     cases = {"/no/such": ["eval_after=true", "eval_overrides=['eval.tasks=[sst2]','eval.data_dir=/no/such']"],
              "eval_overrides": ["eval_after=true", "eval_overrides=['eval.bogus=1']"],
              "needs eval_after=true": ["sweep_objective=glue_average"]}
-    with ThreadPoolExecutor(len(cases)) as pool:  # three interpreters at once: most of each is start-up
-        results = pool.map(lambda i: run_pretrain(*TINY, *list(cases.values())[i], run_dir=tmp_path / str(i)),
-                           range(len(cases)))
-        for i, (fragment, result) in enumerate(zip(cases, results)):
-            one_line_error(result, fragment)
-            assert not (tmp_path / str(i) / "checkpoint").exists() and not (tmp_path / str(i) / "metrics.jsonl").exists()
+    for i, (fragment, overrides) in enumerate(cases.items()):
+        one_line_error(run_pretrain(*TINY, *overrides, run_dir=tmp_path / str(i), in_process=True), fragment)
+        assert not (tmp_path / str(i) / "checkpoint").exists() and not (tmp_path / str(i) / "metrics.jsonl").exists()
 
 
 def test_swept_values_are_told_from_fixed_ones():
@@ -131,7 +127,7 @@ def test_glue_average_refuses_a_partial_evaluation_before_training(tmp_path):
     glue = needs_shared("glue")
     result = run_pretrain(*TINY, "eval_after=true", "sweep_objective=glue_average",
                           f"eval_overrides=['eval.data_dir={glue}','eval.tasks=[rte]','eval.max_train_examples=64']",
-                          run_dir=tmp_path)
+                          run_dir=tmp_path, in_process=True)
     one_line_error(result, "sweep_objective=glue_average", "this evaluation is partial",
                    "eval.tasks leaves out cola, sst2, mrpc, qqp, stsb, mnli, qnli", "eval.max_train_examples=64")
     assert not (tmp_path / "metrics.jsonl").exists()
@@ -164,14 +160,14 @@ def test_dryrun_with_eval_after_checks_the_evaluation_and_trains_nothing(tmp_pat
     (tmp_path / "train.csv").write_text("text,label\ngood day,1\nawful,0\nfine,1\nbad,0\n")
     result = run_pretrain(*TINY, "dryrun=true", "eval_after=true",
                           f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/train.csv',"
-                          f"'eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run")
+                          f"'eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run", in_process=True)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "dryrun: config valid (and eval_after's evaluation" in result.stdout
     assert not (tmp_path / "run" / "eval").exists() and not (tmp_path / "run" / "checkpoint").exists()
     # ... and the evaluation really was checked: a missing task file stops the dryrun
     result = run_pretrain(*TINY, "dryrun=true", "eval_after=true",
                           f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/none.csv',"
-                          f"'eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run2")
+                          f"'eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run2", in_process=True)
     one_line_error(result, "none.csv")
 
 

@@ -85,5 +85,5 @@ def test_a_tiny_pretrain_with_a_loose_target_ends_early(tmp_path):
 @pytest.mark.slow
 def test_a_target_without_periodic_validation_is_refused_in_one_line(tmp_path):
     result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
-                          "train.target_loss=3.0", "train.max_steps=1", run_dir=tmp_path)
+                          "train.target_loss=3.0", "train.max_steps=1", run_dir=tmp_path, in_process=True)
     one_line_error(result, "train.target_loss=3.0", "train.validate_every_minutes")

@@ -45,20 +45,22 @@ def test_zero_shot_end_to_end(causal_checkpoint, tmp_path):
 def test_bad_zero_shot_data_is_one_line_and_exit_2(causal_checkpoint, tmp_path, row, fragment):
     data = tmp_path / "data"
     write_jsonl(data / "hellaswag.jsonl", [HELLASWAG[1], HELLASWAG[2], row])
-    result = run_eval("eval=zero-shot", f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}", tmp_path=tmp_path)
+    result = run_eval("eval=zero-shot", f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}", tmp_path=tmp_path,
+                      in_process=True)
     one_line_error(result, fragment)
     assert_nothing_written(tmp_path)
 
 
 def test_zero_shot_refusals_are_one_line(smoke_checkpoint, causal_checkpoint, tmp_path):
     data, _ = write_tasks(tmp_path)
-    result = run_eval("eval=zero-shot", f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", tmp_path=tmp_path)
+    result = run_eval("eval=zero-shot", f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", tmp_path=tmp_path,
+                      in_process=True)
     one_line_error(result, "no causal LM head", "eval=glue")  # an MLM checkpoint
     result = run_eval("eval=zero-shot", f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}", "eval.seeds=3",
-                      tmp_path=tmp_path)
+                      tmp_path=tmp_path, in_process=True)
     one_line_error(result, "eval.seeds=3", "deterministic")
     result = run_eval("eval=zero-shot", f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}",
-                      "eval.tasks=[piqa]", tmp_path=tmp_path)
+                      "eval.tasks=[piqa]", tmp_path=tmp_path, in_process=True)
     one_line_error(result, "piqa.jsonl does not exist")
     assert_nothing_written(tmp_path)
 
@@ -86,10 +88,10 @@ def test_lm_eval_refusals_are_one_line(causal_checkpoint, tmp_path):
     needs_lm_eval()
     _, yamls = write_tasks(tmp_path)
     result = run_eval("eval=lm-eval", f"checkpoint={causal_checkpoint}", "eval.tasks=[no_such_task]",
-                      f"eval.lm_eval.include_path={yamls}", tmp_path=tmp_path)
+                      f"eval.lm_eval.include_path={yamls}", tmp_path=tmp_path, in_process=True)
     one_line_error(result, "lm-eval knows no task 'no_such_task'")
     (tmp_path / "data" / "hellaswag.jsonl").unlink()
     result = run_eval("eval=lm-eval", f"checkpoint={causal_checkpoint}", "eval.tasks=[zs_hellaswag]",
-                      f"eval.lm_eval.include_path={yamls}", tmp_path=tmp_path)
+                      f"eval.lm_eval.include_path={yamls}", tmp_path=tmp_path, in_process=True)
     one_line_error(result, "lm-eval task 'zs_hellaswag': its data could not be loaded")
     assert_nothing_written(tmp_path)

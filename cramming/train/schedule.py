@@ -166,7 +166,7 @@ def window_schedule_problem(config) -> str | None:
     attention = config.arch.attention
     windowed = [p for p in dict.fromkeys(attention.pattern) if PATTERNS.trait(p, "windowed")]
     if not windowed:
-        return invalid(key, stages, f"needs a local or stepped pattern in arch.attention.pattern (it has "
+        return invalid(key, stages, f"needs a {PATTERNS.choices('windowed')} pattern in arch.attention.pattern (it has "
                        f"{attention.pattern}), whose window it changes")
     for _, window in stages:
         arch = replace(config.arch, attention=replace(attention, window=window))

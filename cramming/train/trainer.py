@@ -132,9 +132,10 @@ class Trainer:
             handle.seconds = time.perf_counter() - started
             self.start += handle.seconds
 
-    def fit(self, state) -> dict:
+    def fit(self, state, stop: StopFlag | None = None) -> dict:
         """Train from `state` (fresh or resumed) until the budget is spent. Raises RunStopped on a stop signal
-        (after checkpointing) or when train.nonfinite gives up."""
+        (after checkpointing) or when train.nonfinite gives up. `stop`: a flag the caller holds on past the loop
+        (pretraining's final validation and save), else the loop's own."""
         p = self.parts
         p.model.train()
         bar = tqdm(total=100, desc="training", bar_format="{l_bar}{bar}| {n:.1f}% [{elapsed}<{remaining}]{postfix}",
@@ -142,7 +143,7 @@ class Trainer:
         self.start = time.perf_counter() - state.elapsed
         self.call("on_begin", state)
         step_loss = None
-        with StopFlag() as stop, bar:  # the bar closes on every path, an exception's too
+        with contextlib.nullcontext(stop) if stop else StopFlag() as stop, bar:  # the bar closes on every path
             # state.elapsed is the clock as all ranks agreed on it at the end of the previous step
             while self.ended is None and (fraction := self.budget.fraction(state.elapsed, state.step)) < 1.0:
                 step_start = time.perf_counter()
@@ -169,6 +170,7 @@ class Trainer:
                 bar.n = round(100 * self.budget.fraction(state.elapsed, state.step), 1)
                 bar.refresh()
             bar.n = 100
+        stop.then = "the budget is spent: finishing the run's final validation and checkpoint first"
         self.call("on_end", state)
         if state.step and state.step % self.cfg.log_every and step_loss is not None:
             state.last_loss = step_loss.item()
