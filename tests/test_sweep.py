@@ -171,6 +171,22 @@ def test_dryrun_with_eval_after_checks_the_evaluation_and_trains_nothing(tmp_pat
     one_line_error(result, "none.csv")
 
 
+def test_a_stop_signal_during_the_last_save_leaves_eval_after_unbegun(tmp_path, monkeypatch):
+    """pretrain() returns a whole run that a signal reached after its last step: the evaluation is not begun, and
+    the line says the command that runs it."""
+    from cramming import commands, pretraining
+
+    (tmp_path / "train.csv").write_text("text,label\ngood day,1\nawful,0\nfine,1\nbad,0\n")
+    monkeypatch.setattr(pretraining, "pretrain", lambda config, run_dir: {
+        "checkpoint": "/runs/x/checkpoint", "stopped_by": "SIGTERM", "val_loss": 4.0, "averaging": None})
+    monkeypatch.setattr(commands, "evaluate_after", lambda *args: pytest.fail("eval_after began"))
+    result = run_pretrain(*TINY, "eval_after=true", f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/"
+                          f"train.csv','eval.dev_file={tmp_path}/train.csv']", run_dir=tmp_path / "run", in_process=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == ("eval_after not run (SIGTERM): evaluate the checkpoint with "
+                                                      "`python eval.py checkpoint=/runs/x/checkpoint`")
+
+
 def test_parallel_jobs_lose_no_manifest_entry_and_no_results_row(tmp_path, monkeypatch):
     """Jobs that read, change and rewrite a shared file at the same moment: under the file lock none is lost (each
     read is slowed down here so that, without the lock, every job would rewrite what it read before the others)."""
