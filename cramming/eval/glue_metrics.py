@@ -1,4 +1,4 @@
-"""Metrics for GLUE dev sets and the GLUE averages, in plain numpy/scipy (no downloads, no `evaluate`).
+"""Metrics for GLUE dev sets and the GLUE averages, with scikit-learn and scipy (no downloads, no `evaluate`).
 
 The plain functions return fractions (accuracy 0..1, correlations -1..1), the usual convention.
 `compute_metrics` and `glue_average` work in percent (x100), as the Cramming paper and GLUE report them,
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 from scipy.stats import rankdata
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from .tasks import GLUE_KEYS  # glue_average's score keys, from the one table of GLUE's tasks
 
@@ -32,30 +33,19 @@ def _pair(predictions, references) -> tuple[np.ndarray, np.ndarray]:
 
 def accuracy(predictions, references) -> float:
     p, r = _pair(predictions, references)
-    return float(np.mean(p == r))
+    return float(accuracy_score(r, p))
 
 
 def f1(predictions, references) -> float:
     """Binary F1 of the positive class 1 (MRPC "equivalent", QQP "duplicate"); 0 when it never occurs."""
     p, r = _pair(predictions, references)
-    tp = np.sum((p == 1) & (r == 1))
-    fp = np.sum((p == 1) & (r != 1))
-    fn = np.sum((p != 1) & (r == 1))
-    return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
+    return float(f1_score(r, p, labels=[1], average="micro", zero_division=0))
 
 
 def matthews(predictions, references) -> float:
     """Matthews correlation (multi-class form, Gorodkin 2004); 0 when either side is constant."""
     p, r = _pair(predictions, references)
-    classes, inverse = np.unique(np.concatenate([p, r]), return_inverse=True)
-    k = len(classes)
-    confusion = np.zeros((k, k), dtype=np.float64)
-    np.add.at(confusion, (inverse[p.size:], inverse[: p.size]), 1)  # rows: truth, columns: prediction
-    n, correct = confusion.sum(), np.trace(confusion)
-    true_counts, pred_counts = confusion.sum(axis=1), confusion.sum(axis=0)
-    cov = correct * n - true_counts @ pred_counts
-    denom = math.sqrt((n * n - pred_counts @ pred_counts) * (n * n - true_counts @ true_counts))
-    return float(cov / denom) if denom else 0.0
+    return float(matthews_corrcoef(r, p))
 
 
 def pearson(predictions, references) -> float:

@@ -2,19 +2,19 @@
 
 Every task's scorer returns percent (x100) and a "score" key: the task's one number in the SuperGLUE average
 (the unweighted mean of its metrics where it has two: CB accuracy and macro F1, MultiRC F1a and exact match,
-ReCoRD token F1 and exact match). scikit-learn computes what it has; ReCoRD's SQuAD-style token F1 and
-MultiRC's per-question exact match are written here.
+ReCoRD token F1 and exact match). scikit-learn computes what it has; ReCoRD's token F1 and exact match are
+SQuAD v1.1's (squad_metrics.py), MultiRC's per-question exact match is written here.
 """
 
 import math
-import re
-import string
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from .glue_metrics import _pair  # the same shape and emptiness checks as GLUE's metrics
+from .squad_metrics import exact_match
+from .squad_metrics import f1 as squad_f1
 
 SUPERGLUE_SET = ("boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc")  # averaged
 DIAGNOSTICS = ("axb", "axg")  # reported beside the average, never in it
@@ -48,22 +48,6 @@ def multirc_scores(predictions, references, questions) -> dict:
     return {"f1a": f1a, "exact_match": em, "score": (f1a + em) / 2}
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD's normalisation: lower case, no punctuation, no articles (a, an, the), single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def token_f1(prediction: str, gold: str) -> float:
-    pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    common = sum((Counter(pred) & Counter(ref)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(ref)
-    return 2 * precision * recall / (precision + recall)
-
-
 def record_scores(predictions: list[str], answers: list[list[str]]) -> dict:
     """ReCoRD: token F1 and exact match of each predicted entity against the best-matching gold answer
     (max over a query's answers), averaged over queries; a query without answers scores 0."""
@@ -71,9 +55,8 @@ def record_scores(predictions: list[str], answers: list[list[str]]) -> dict:
         raise ValueError(f"{len(predictions)} predictions for {len(answers)} queries")
     if not predictions:
         raise ValueError("no predictions to score")
-    f1s = [max((token_f1(p, g) for g in golds), default=0.0) for p, golds in zip(predictions, answers)]
-    ems = [max((float(normalize_answer(p) == normalize_answer(g)) for g in golds), default=0.0)
-           for p, golds in zip(predictions, answers)]
+    f1s = [max((squad_f1(g, p, version=1) for g in golds), default=0.0) for p, golds in zip(predictions, answers)]
+    ems = [max((float(exact_match(g, p)) for g in golds), default=0.0) for p, golds in zip(predictions, answers)]
     f1, em = 100.0 * float(np.mean(f1s)), 100.0 * float(np.mean(ems))
     return {"f1": f1, "exact_match": em, "score": (f1 + em) / 2}
 
