@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from .finetune import Head, auto_model, collate
+from .finetune import Head, auto_model
 from .tasks import TaskData
 
 
@@ -37,12 +37,6 @@ class Classifier(Head):
     def encode(self, tokenizer, task, rows, max_length):
         cast = float if task.label_names is None else int
         return [Row(ids, cast(row.label)) for ids, row in zip(encode_texts(tokenizer, rows, max_length), rows)]
-
-    def length(self, item):
-        return len(item.ids)
-
-    def collate(self, items, pad_id, device):
-        return collate([item.ids for item in items], pad_id, device)
 
     def loss(self, model, inputs, items):
         labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)

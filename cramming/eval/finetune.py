@@ -62,10 +62,12 @@ class Head(Protocol):
         """The items of `rows` (the task's train rows or one dev split), labels included."""
 
     def length(self, item) -> int:
-        """Its tokens, so that batches and prediction chunks hold items of like length."""
+        """Its tokens, so that batches and prediction chunks hold items of like length (one row: item.ids)."""
+        return len(item.ids)
 
     def collate(self, items: list, pad_id: int, device) -> dict:
-        """The model's keyword inputs for these items, padded to the longest."""
+        """The model's keyword inputs for these items, padded to the longest (one row each: item.ids)."""
+        return collate([item.ids for item in items], pad_id, device)
 
     def loss(self, model, inputs: dict, items: list) -> torch.Tensor:
         """The batch's loss (run under autocast)."""

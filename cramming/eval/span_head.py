@@ -87,9 +87,6 @@ class SpanPairs(Head):
         ids, positions = encode_spans(tokenizer, rows, max_length)
         return [Spans(i, p, row.label) for i, p, row in zip(ids, positions, rows)]
 
-    def length(self, item):
-        return len(item.ids)
-
     def collate(self, items, pad_id, device):
         return collate_spans([item.ids for item in items], [item.positions for item in items], pad_id, device)
 

@@ -16,7 +16,7 @@ from ..errors import UserError, check
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .config import recipe_for
-from .finetune import Head, auto_model, collate
+from .finetune import Head, auto_model
 from .squad_data import SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
 from .squad_windows import decode_answers, encode_windows
@@ -79,12 +79,6 @@ class Squad(Head):
 
     def encode(self, tokenizer, task, rows, max_length):
         return encode_windows(tokenizer, rows, max_length, task.options)
-
-    def length(self, item):
-        return len(item.ids)
-
-    def collate(self, items, pad_id, device):
-        return collate([window.ids for window in items], pad_id, device)
 
     def loss(self, model, inputs, items):
         device = inputs["input_ids"].device

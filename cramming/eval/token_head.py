@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForTokenClassification
 
 from ..errors import UserError
-from .finetune import Head, auto_model, collate
+from .finetune import Head, auto_model
 
 log = logging.getLogger(__name__)
 IGNORED = -100  # the label of pieces that are not a word's first: cross-entropy skips them
@@ -84,12 +84,6 @@ class Tagger(Head):
 
     def encode(self, tokenizer, task, rows, max_length):
         return encode_words(tokenizer, rows, {tag: i for i, tag in enumerate(task.label_names)}, max_length)
-
-    def length(self, item):
-        return len(item.ids)
-
-    def collate(self, items, pad_id, device):
-        return collate([item.ids for item in items], pad_id, device)
 
     def loss(self, model, inputs, items):
         labels = pad_labels([item.labels for item in items], inputs["input_ids"].device)
