@@ -1,11 +1,9 @@
 """`--help` of each entry point: its own purpose, its own config groups with their options, its main keys."""
 
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_command
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -17,9 +15,8 @@ MISSING = object()
 
 @pytest.fixture(scope="module", params=sorted(OWN))
 def help_of(request):
-    result = subprocess.run([sys.executable, request.param, "--help"], cwd=REPO, capture_output=True, text=True, check=False,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_command(request.param, ["--help"])  # the entry's own code, in this process (test_commands
+    assert result.returncode == 0, result.stderr[-2000:]  # runs the installed commands' --help in subprocesses)
     return request.param, result.stdout
 
 
