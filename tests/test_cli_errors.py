@@ -93,8 +93,16 @@ def test_a_bug_in_the_task_keeps_its_traceback(monkeypatch, tmp_path):
 
 
 def test_entry_points_keep_the_contract(tmp_path):
-    """The real commands, end to end: pretrain.py and eval.py."""
-    one_line_error(run_pretrain("arch=crammed-bert-huge", run_dir=tmp_path), "arch=crammed-bert-huge", "gpt-tiny")
+    """The real commands, end to end: pretrain.py and eval.py. The in-process runner the other command-line tests
+    use for refusals (conftest.run_command) says exactly what the command says, with its exit code."""
+    for n, (refused, fragment) in enumerate([("arch=crammed-bert-huge", "gpt-tiny"),  # Hydra's refusal, then ours
+                                             ("train.lr=-1", "train.lr=-1.0 is invalid: must be > 0")]):
+        real = run_pretrain(refused, run_dir=tmp_path / f"real{n}")
+        one_line_error(real, refused, fragment)
+        here = run_pretrain(refused, run_dir=tmp_path / f"here{n}", in_process=True)
+        errors = [[line for line in r.stderr.splitlines() if line.startswith("error: ")] for r in (real, here)]
+        assert here.returncode == real.returncode and errors[0] == errors[1], errors
+        assert not (tmp_path / f"real{n}").exists() and not (tmp_path / f"here{n}").exists()
     result = subprocess.run([sys.executable, "eval.py", "eval=xnli", "checkpoint=x"], cwd=REPO,
                             capture_output=True, text=True, check=False, timeout=120)
     one_line_error(result, "eval=xnli", EVAL_PRESETS)
