@@ -122,13 +122,13 @@ def test_a_new_entry_inherits_its_traits_and_lacks_those_nobody_gave_it(monkeypa
     """A block under a new name inherits the attention block's kv_cache; a position scheme that does not say its
     positions travel with the tokens is refused token dropping, and the message lists the schemes that do."""
     class Cached(TransformerBlock):
-        pass
+        """The attention block under another name: what it inherits says it takes a cache."""
 
     monkeypatch.setitem(BLOCKS, "cached", Cached)
     assert cache_problem(ArchConfig(layout=["attention", "cached"])) is None
 
     class Opaque(PositionScheme):
-        pass
+        """A scheme that does not say its positions travel with the tokens: opt-in, so refused."""
 
     monkeypatch.setitem(POSITIONS, "opaque", Opaque())
     assert token_dropping_problem(dropping(position="opaque")) == (
