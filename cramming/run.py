@@ -5,6 +5,7 @@ scripts/bench_original.py), so what they time is what a run trains:
 
     run = build_run(config)                      # a PretrainConfig from cramming.validation.load_config
     loss = run.step(ids, generator)              # ids: (batch, seq) token ids; the objective masks or shifts them
+    loss = run.update(run.objective.batch(ids))  # the same, the inputs made first (a benchmark's, outside its clock)
 """
 
 from dataclasses import dataclass, field
@@ -74,10 +75,14 @@ class Run:
     fp8_layers: list[str] = field(default_factory=list)
 
     def step(self, ids: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """One optimizer step on one batch, as the trainer takes a step of one microbatch: the objective's inputs,
-        the forward under the run's autocast, the backward and the engine's clipped, checked update. Returns the
-        loss, detached (a step whose loss or gradients are not finite is skipped, as train.nonfinite=skip)."""
-        inputs = self.objective.batch(ids.to(self.runtime.device), generator)
+        """One optimizer step on one batch of token ids, as the trainer takes a step of one microbatch: the
+        objective's inputs (masked or shifted), then `update`. Returns the loss, detached."""
+        return self.update(self.objective.batch(ids.to(self.runtime.device), generator))
+
+    def update(self, inputs: dict) -> torch.Tensor:
+        """One optimizer step on the objective's inputs: the forward under the run's autocast, the backward and
+        the engine's clipped, checked update. Returns the loss, detached (a step whose loss or gradients are not
+        finite is skipped, as train.nonfinite=skip)."""
         with self.runtime.autocast()():  # the runtime gives the context's factory
             loss = self.step_model(**inputs).loss
         self.engine.backward(self.model, loss, self.scaler)

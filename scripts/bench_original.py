@@ -15,22 +15,23 @@ scaled-sinusoidal positions, embedding and final norm, tied decoder without bias
 masked 25 %. The parameter lists match except that the original's LayerNorms keep biases (printed below). Dropout
 is off on both sides (the original pretrains with model.train(False); ours has dropout 0).
 
-Each side is built by its own code: ours as pretrain.py builds it with impl=cpu (SDPA attention, the loss impl.loss=
-auto picks, torch's fused AdamW: cramming.run.build_run); the original's model from construct_crammed_bert and torch
-AdamW as its backend builds it for its `bert-o4` train config on a CPU (its two weight-decay groups, lr 1e-3, betas
-(0.9, 0.98), eps 1e-12, weight decay 0.01, no foreach, no fused: the single-tensor loop). fp32, eager, no compile.
-One training step is the same code for both: forward with the masked ids and labels, backward, clip the gradient
-norm at 0.5 (both recipes' clip), optimizer step, zero_grad(set_to_none=True). Both see the same batches: random
-ids, masked once by our MLM objective (32 of each 128 positions) before timing, so masking is outside the timed
-steps on both sides (the original masks in its data loader).
+Each side is built and stepped by its own code: ours as pretrain.py builds it with impl=cpu (SDPA attention, the
+loss impl.loss=auto picks, torch's fused AdamW: cramming.run.build_run) and stepped by the run's own step
+(Run.update: forward, backward, the engine's clip at 0.5, finite check and AdamW step); the original's model from
+construct_crammed_bert and torch AdamW as its backend builds it for its `bert-o4` train config on a CPU (its two
+weight-decay groups, lr 1e-3, betas (0.9, 0.98), eps 1e-12, weight decay 0.01, no foreach, no fused: the
+single-tensor loop), stepped as its backend steps (forward, backward, clip at 0.5, AdamW step, zero_grad). fp32,
+eager, no compile. Both see the same batches: random ids, masked once by our MLM objective (32 of each 128
+positions) before timing, so masking is outside the timed steps on both sides (the original masks in its data
+loader).
 
 Method: torch.set_num_threads(--threads); per size both models are built and warmed up (--warmup steps each),
 then --rounds rounds of --steps timed steps per side. Within a round the sides take turns step by step on the same
 batch (ours, original, then original, ours, ...; the next round starts with the other side), so a burst of load
 from other processes hits both sides alike. A round's tokens/s per side is batch x seq over its median step time,
 and the round's ratio is ours / original tokens/s; the median and mean of the rounds are printed, then each side's
-median milliseconds per phase of a step (forward, backward, clip, optimizer; ours' forward includes the fused
-loss's gradient), and every step time goes to --json if given.
+median milliseconds per phase of a step, read off the same hooks on both sides (PhaseClock: forward; backward
+with the clip; the optimizer step; the rest), and every step time goes to --json if given.
 """
 
 import argparse
@@ -111,39 +112,53 @@ def build_original(module, config_dir: Path, ours_arch, vocab: int, mask_prob: f
 
 
 def build_ours(preset: str, seq: int, vocab: int):
-    """Ours as pretrain.py builds it (cramming.run.build_run): the model, its optimizer and the MLM objective.
-    Both sides then take train_step below, so the phases are timed alike (Run.step would time them as one)."""
+    """Ours as pretrain.py builds it (cramming.run.build_run); its step is the run's own (Run.update)."""
     from bench_sections.train import build_ours as build
 
     config, _, ours = build(preset, seq, vocab, torch.device("cpu"), smoke=False)
     run = ours["run"]
     run.model.train()
-    return config, {"model": run.model, "opt": run.optimizer, "objective": run.objective}
+    return config, {"model": run.step_model, "opt": run.optimizer, "objective": run.objective,
+                    "step": run.update, "loss": ours["loss"]}
 
 
-PHASES = ("forward", "backward", "clip", "optimizer")
+def original_step(side: dict):
+    """The original's training step as its backend takes one (torch_default.py's step and optimizer_step, one
+    microbatch, its CPU scaler and scheduler being no-ops): forward, backward, clip, optimizer step, zero_grad."""
+    def step(inputs: dict):
+        loss = side["model"](**inputs)["loss"]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(side["model"].parameters(), CLIP)
+        side["opt"].step()
+        side["opt"].zero_grad()
+        return loss.detach()
+    return step
 
 
-def train_step(side: dict, inputs: dict) -> list[float]:
-    """One training step; the wall seconds of its PHASES (ours' forward includes the fused loss's gradient)."""
-    marks = [time.perf_counter()]
-    loss = side["model"](**inputs)["loss"]
-    marks.append(time.perf_counter())
-    loss.backward()
-    marks.append(time.perf_counter())
-    torch.nn.utils.clip_grad_norm_(side["model"].parameters(), CLIP)
-    marks.append(time.perf_counter())
-    side["opt"].step()
-    side["opt"].zero_grad(set_to_none=True)
-    marks.append(time.perf_counter())
-    return [b - a for a, b in itertools.pairwise(marks)]
+PHASES = ("forward", "backward", "optimizer", "rest")
 
 
-def timed_step(side: dict, inputs: dict) -> tuple[list[float], float]:
-    """The wall seconds of each phase, and the CPU seconds (all of the process's threads) of one training step."""
-    cpu = time.process_time()
-    phases = train_step(side, inputs)
-    return phases, time.process_time() - cpu
+class PhaseClock:
+    """The wall seconds of a step's PHASES, read off hooks that both sides' steps pass alike: the model's forward
+    returning (ours' forward includes the fused loss's gradient), the optimizer's step starting and ending. So
+    "backward" runs from the forward's end to the optimizer's start (the backward, the clip and, ours, the finite
+    check) and "rest" from its end to the step's (zero_grad)."""
+
+    def __init__(self, side: dict):
+        self.marks = []
+        side["model"].register_forward_hook(lambda *_: self.marks.append(time.perf_counter()))
+        side["opt"].register_step_pre_hook(lambda *_: self.marks.append(time.perf_counter()))
+        side["opt"].register_step_post_hook(lambda *_: self.marks.append(time.perf_counter()))
+
+    def time(self, step, inputs: dict) -> tuple[list[float], float]:
+        """The wall seconds of each phase, and the CPU seconds (all of the process's threads) of one step."""
+        cpu = time.process_time()
+        self.marks = [time.perf_counter()]
+        step(inputs)
+        self.marks.append(time.perf_counter())
+        used = time.process_time() - cpu
+        assert len(self.marks) == len(PHASES) + 1, f"{len(self.marks)} marks: a hook did not fire once"
+        return [b - a for a, b in itertools.pairwise(self.marks)], used
 
 
 def parameter_note(ours: torch.nn.Module, theirs: torch.nn.Module) -> dict:
@@ -165,17 +180,19 @@ def measure(size, args, original) -> dict:
         ids = [torch.randint(5, args.vocab, (args.batch, args.seq), generator=generator) for _ in range(count)]
         return [ours["objective"].batch(row, generator) for row in ids]
 
+    theirs["step"] = original_step(theirs)
     sides = {"ours": ours, "original": theirs}
+    clocks = {name: PhaseClock(side) for name, side in sides.items()}
     for inputs in batches(args.warmup):
         for side in sides.values():
-            train_step(side, inputs)
+            side["step"](inputs)
     tokens = args.batch * args.seq
     rounds, phase_times = [], {name: [] for name in sides}
     for r in range(args.rounds):
         times, cpu = {name: [] for name in sides}, {name: [] for name in sides}
         for i, inputs in enumerate(batches(args.steps)):  # the same batch for both sides, in turn step by step
             for name in (["ours", "original"] if (r + i) % 2 == 0 else ["original", "ours"]):
-                phases, used = timed_step(sides[name], inputs)
+                phases, used = clocks[name].time(sides[name]["step"], inputs)
                 times[name].append(sum(phases))
                 cpu[name].append(used)
                 phase_times[name].append(phases)

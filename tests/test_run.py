@@ -59,6 +59,21 @@ def test_a_step_is_the_objective_forward_backward_clip_and_update():
     assert all(p.grad is None for p in run.model.parameters())  # ready for the next step
 
 
+def test_update_takes_the_step_on_inputs_made_before():
+    """Run.update(objective's inputs) is Run.step(ids) with the masking taken out (a benchmark masks outside its
+    clock): the same loss and the same weights after, bit for bit."""
+    config = config_for("arch=crammed-bert-tiny")
+    torch.manual_seed(0)
+    stepped = build_run(config)
+    torch.manual_seed(0)
+    updated = build_run(config)
+    ids = batch()
+    loss = stepped.step(ids, torch.Generator().manual_seed(1))
+    assert updated.update(updated.objective.batch(ids, torch.Generator().manual_seed(1))).item() == loss.item()
+    for (name, got), want in zip(stepped.model.state_dict().items(), updated.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+
+
 def test_steps_lower_the_loss_on_a_repeated_batch():
     run = build_run(config_for("arch=gpt-tiny", "train.lr=0.01"))
     ids = batch()
