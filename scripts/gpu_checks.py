@@ -316,9 +316,10 @@ def figures(run: Run) -> list[str]:
                                               for t in json.loads(kernels.read_text())["targets"]] + [""]
     bench = run.work / "bench" / "bench.json"
     if bench.is_file():
+        report = json.loads(bench.read_text())
         lines += ["## Benchmark GPU section", ""] + [f"- {t['status']}: {t['name']}: {t['shown']} (target "
-                                                     f"{t['target']})" for t in json.loads(bench.read_text())
-                                                     ["targets"]] + [""]
+                                                     f"{t['target']})" for t in report["targets"]] + [""]
+        lines += profile_lines(report["sections"].get("gpu", {}).get("end_to_end") or {})
     lines += product_figures(run)
     smoke = []
     for path in sorted((run.work / "runs").glob("*/train_summary.json")):
@@ -328,6 +329,18 @@ def figures(run: Run) -> list[str]:
         smoke.append(f"- {path.parent.name}: {s['steps']} steps on {s['device']}, validation loss "
                      f"{s['untrained_val_loss']:.4g} untrained -> {s['val_loss']:.4g}, {s['tokens_per_s']:.0f} tokens/s")
     return lines + (["## Smoke runs", "", *smoke] if smoke else [])
+
+
+def profile_lines(e2e: dict) -> list[str]:
+    """The end-to-end step's top kernels (bench.py's profile of it), the first place to look at a missed MFU."""
+    kernels = e2e.get("top_kernels")
+    if not kernels:
+        return []
+    if isinstance(kernels, str):
+        return [f"Profile of the end-to-end step: {kernels}", ""]
+    return ["## Where the end-to-end step's time goes (torch.profiler; top kernels by their own time)", "",
+            *[f"- {k['share']:.1%}, {k['ms_per_step']:.3g} ms per step ({k['calls_per_step']:g} calls): {k['name'][:120]}"
+              for k in kernels[:8]], ""]
 
 
 def product_figures(run: Run) -> list[str]:

@@ -98,6 +98,8 @@ def test_rehearsal_runs_every_step_and_leaves_a_few_small_files(tmp_path):
         assert f"| {step} | ok | 0 |" in summary, summary
     for engine in [*gpu_checks.ENGINES, *gpu_checks.FEATURES]:  # each smoke run's own summary, read back
         assert f"- {engine}: {gpu_checks.STEPS['rehearsal']} steps on cpu, validation loss" in summary
+    profiled = summary.split("## Where the end-to-end step's time goes")[1].split("##")[0]  # bench.json's profile
+    assert profiled.count("ms per step") == 8 and "aten::" in profiled
     product = summary.split("## The product")[1]  # the product's figures, read back from its runs
     assert "- product: " in product and "- product_sdpa: " in product and "microbatch" in product
     assert "- product_eval: RTE " in product and "- impl.attention=auto / sdpa: " in product
@@ -120,10 +122,46 @@ def test_the_benchmarks_gpu_section_runs_the_kernels_unless_kernel_seconds_is_0(
                           "arch": "crammed-bert", "step_s": 1.0}
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu, "kernels", lambda out, seconds: calls.append(seconds) or ([], ""))
-    monkeypatch.setattr(gpu, "end_to_end", lambda *args, smoke, loss="auto": {
-        **figures, "loss": "plain" if loss == "auto" else loss})
+    monkeypatch.setattr(gpu, "end_to_end", lambda *args, smoke, loss="auto", profile=False: {
+        **figures, "loss": "plain" if loss == "auto" else loss, "device": "cuda", "top_kernels": "a faked GPU"})
     monkeypatch.setattr(gpu, "fp8_run", lambda *args: (None, "not measured: a faked GPU"))  # asks the device
     for seconds, expected in ((0, []), (30, [30])):
         calls.clear()
         gpu.run(SimpleNamespace(smoke=False, gpu_batch=1, kernel_seconds=seconds), tmp_path)
         assert calls == expected
+
+
+def test_the_profile_ranks_cuda_kernels_by_their_own_device_time(monkeypatch):
+    """On CUDA only the device's kernels count (the host ops that launch them overlap them), per step, with their
+    share of all kernel time; a kernel that took no time is left out."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench_sections import gpu
+
+    cuda, cpu = gpu.torch.autograd.DeviceType.CUDA, gpu.torch.autograd.DeviceType.CPU
+
+    def event(key, device_type, device_us, cpu_us, count):
+        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=device_us,
+                               self_cpu_time_total=cpu_us, count=count)
+
+    events = [event("aten::mm", cpu, 600, 5000, 6),  # the host op that launched the gemm: its time again
+              event("triton_poi_fused_gelu", cuda, 300, 0, 3), event("sm90_xmma_gemm_bf16", cuda, 600, 0, 6),
+              event("memset", cuda, 0, 0, 3)]
+    assert gpu.top_kernels(events, "cuda", steps=3) == [
+        {"name": "sm90_xmma_gemm_bf16", "ms_per_step": pytest.approx(0.2), "calls_per_step": 2, "share": 600 / 900},
+        {"name": "triton_poi_fused_gelu", "ms_per_step": pytest.approx(0.1), "calls_per_step": 1, "share": 300 / 900}]
+    assert [k["name"] for k in gpu.top_kernels(events, "cpu", steps=3)] == ["aten::mm"]  # CPU: ops by CPU time
+    assert len(gpu.top_kernels(events * 5, "cuda", steps=1, count=3)) == 3
+
+
+def test_a_profile_that_fails_says_why_instead_of_costing_the_figures(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench_sections import gpu
+
+    def step():
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED\nmore detail")
+
+    assert gpu.profile_steps(step, gpu.torch.device("cpu")) == "profile failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+    steps = []
+    kernels = gpu.profile_steps(lambda: steps.append(gpu.torch.ones(64, 64) @ gpu.torch.ones(64, 64)),
+                                gpu.torch.device("cpu"))
+    assert len(steps) == gpu.PROFILE_STEPS and kernels[0]["name"] == "aten::mm" and kernels[0]["calls_per_step"] == 1

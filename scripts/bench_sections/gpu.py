@@ -9,7 +9,9 @@ PEAK_TFLOPS) and, beside it, a bf16 matmul measured here. The same steps again w
 (impl.loss=fused against the plain one that impl.loss=auto picks on CUDA) give the ratio that decides that
 default, and again with impl.precision=fp8 (cramming/train/fp8.py: the blocks' projections in float8) the
 fp8 / bf16 throughput ratio, on GPUs of compute capability 8.9 and later (its MFU is against the bf16 peak, as
-a run's is). Without a GPU the section is skipped; --smoke runs the same end-to-end code on CPU with a tiny model
+a run's is). After the timed steps, PROFILE_STEPS more run under torch.profiler: the kernels that took most of a
+step's GPU time (on CPU, the ops by their own CPU time), so that a missed MFU target comes with where the time
+went, from the same run. Without a GPU the section is skipped; --smoke runs the same end-to-end code on CPU with a tiny model
 (fp32, eager; the fp8 run emulated, every projection converted) so the path is exercised.
 """
 
@@ -41,10 +43,46 @@ def kernels(out: Path, max_seconds: float) -> tuple[list[dict], str]:
     return rows, str(out / "kernels.md")
 
 
+PROFILE_STEPS = 3  # profiled after the timed steps (not timed themselves: the profiler slows them)
+TOP_KERNELS = 12
+
+
+def top_kernels(events, device_type: str, steps: int, count: int = TOP_KERNELS) -> list[dict]:
+    """The `count` kernels (CUDA) or ops (CPU) with the most time of their own in torch.profiler's key_averages()
+    over `steps` steps: name, milliseconds and calls per step, share of all such time. On CUDA only the device's
+    kernels count (the host ops that launch them overlap with them)."""
+    if device_type == "cuda":
+        rows = [(e.key, e.self_device_time_total, e.count) for e in events
+                if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        rows = [(e.key, e.self_cpu_time_total, e.count) for e in events]
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: r[1], reverse=True)
+    total = sum(r[1] for r in rows)
+    return [{"name": name, "ms_per_step": us / 1e3 / steps, "calls_per_step": calls / steps, "share": us / total}
+            for name, us, calls in rows[:count]]
+
+
+def profile_steps(step, device) -> list[dict] | str:
+    """top_kernels of PROFILE_STEPS steps, or why there are none (a profiler failure must not cost the figures)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    try:
+        with profile(activities=activities) as prof:
+            for _ in range(PROFILE_STEPS):
+                step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        return top_kernels(prof.key_averages(), device.type, PROFILE_STEPS)
+    except Exception as err:  # noqa: BLE001  reported in place of the table
+        return f"profile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 FP8_SMOKE = ["impl.precision=fp8", "impl.fp8.emulate=true", "impl.fp8.min_elements=0"]  # CPU: emulated, all
 
 
-def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: str = "auto", fp8=False) -> dict:
+def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: str = "auto", fp8=False,
+               profile=False) -> dict:
     from cramming.run import build_run
 
     seq, vocab = (32, 512) if smoke else (128, 32768)
@@ -64,6 +102,7 @@ def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: s
         timed(step, device)
     times = [timed(step, device) for _ in range(steps)]
     median = statistics.median(times)
+    kernels = profile_steps(step, device) if profile else None
     dtype = torch.bfloat16 if runtime.precision in ("bf16", "fp8") else torch.float32
     peak = MatmulPeak(device, dtype, 256 if smoke else 8192)
     peak.sample(5)
@@ -75,7 +114,7 @@ def end_to_end(device, batch: int, steps: int, warmup: int, smoke: bool, loss: s
             "step_s": median, "step_times": times, "tokens_per_s": tokens_per_s, "fwd_flops_per_token": flops,
             "datasheet_peak": datasheet, "measured_peak": peak.flops(),
             "mfu_datasheet": 3 * flops * tokens_per_s / datasheet if datasheet else None,
-            "mfu_measured": 3 * flops * tokens_per_s / peak.flops()}
+            "mfu_measured": 3 * flops * tokens_per_s / peak.flops(), "device": device.type, "top_kernels": kernels}
 
 
 def run(args, out: Path) -> dict:
@@ -87,7 +126,7 @@ def run(args, out: Path) -> dict:
     run_kernels = has_gpu and args.kernel_seconds > 0  # 0: scripts/gpu_checks.py runs bench_kernels.py itself
     rows, kernels_md = kernels(out / "kernels", args.kernel_seconds) if run_kernels else ([], "")
     e2e = end_to_end(device, 2 if args.smoke else args.gpu_batch, 2 if args.smoke else 20,
-                     1 if args.smoke else 5, smoke=args.smoke or not has_gpu)
+                     1 if args.smoke else 5, smoke=args.smoke or not has_gpu, profile=True)
     # impl.loss=auto keeps the plain loss on CUDA: the fused one is measured here against it, to decide that
     other = end_to_end(device, 2 if args.smoke else args.gpu_batch, 2 if args.smoke else 20, 1 if args.smoke else 5,
                        smoke=args.smoke or not has_gpu, loss="fused" if e2e["loss"] == "plain" else "plain")
@@ -109,10 +148,23 @@ def run(args, out: Path) -> dict:
                         [[r["arch"], r["precision"], str(r["compile"]), r["loss"], r["step_s"] * 1e3, r["tokens_per_s"],
                           "-" if r["mfu_datasheet"] is None else f"{100 * r['mfu_datasheet']:.1f} %",
                           f"{100 * r['mfu_measured']:.1f} %"] for r in (e2e, other, fp8) if r])
+                + profile_table(e2e)
                 + (f"\n\nKernel tables: `{kernels_md}` (and `python scripts/bench_kernels.py --write-docs "
                    "docs/benchmarks.md` for the Kernels block)." if kernels_md else ""))
     return {"status": "ok" if has_gpu else "smoke-cpu", "end_to_end": e2e, "end_to_end_other_loss": other,
             "end_to_end_fp8": fp8, "targets": rows, "markdown": markdown}
+
+
+def profile_table(e2e: dict) -> str:
+    """Where the first end-to-end run's step time went (profile_steps), as markdown."""
+    kernels, unit = e2e["top_kernels"], "GPU kernels" if e2e["device"] == "cuda" else "ops (CPU)"
+    if isinstance(kernels, str):
+        return f"\n\nProfile: {kernels}."
+    return (f"\n\nWhere a step's time goes ({e2e['precision']}, compile={e2e['compile']}; torch.profiler over "
+            f"{PROFILE_STEPS} steps, the top {len(kernels)} {unit} by their own time):\n\n"
+            + table(["kernel" if e2e["device"] == "cuda" else "op", "ms per step", "calls per step", "share"],
+                    [[k["name"][:90].replace("|", "/"), k["ms_per_step"], k["calls_per_step"], f"{100 * k['share']:.1f} %"]
+                     for k in kernels]))
 
 
 def fp8_run(device, args, has_gpu: bool, e2e: dict) -> tuple[dict | None, str | None]:
