@@ -339,8 +339,8 @@ def profile_lines(e2e: dict) -> list[str]:
     if isinstance(kernels, str):
         return [f"Profile of the end-to-end step: {kernels}", ""]
     return ["## Where the end-to-end step's time goes (torch.profiler; top kernels by their own time)", "",
-            *[f"- {k['share']:.1%}, {k['ms_per_step']:.3g} ms per step ({k['calls_per_step']:g} calls): {k['name'][:120]}"
-              for k in kernels[:8]], ""]
+            *[f"- {k['share']:.1%}, {k['ms_per_step']:.3g} ms per step ({k['calls_per_step']:g} calls): "
+              f"{k['name'][:120]}" for k in kernels[:8]], ""]
 
 
 def product_figures(run: Run) -> list[str]:

@@ -11,8 +11,8 @@ default, and again with impl.precision=fp8 (cramming/train/fp8.py: the blocks' p
 fp8 / bf16 throughput ratio, on GPUs of compute capability 8.9 and later (its MFU is against the bf16 peak, as
 a run's is). After the timed steps, PROFILE_STEPS more run under torch.profiler: the kernels that took most of a
 step's GPU time (on CPU, the ops by their own CPU time), so that a missed MFU target comes with where the time
-went, from the same run. Without a GPU the section is skipped; --smoke runs the same end-to-end code on CPU with a tiny model
-(fp32, eager; the fp8 run emulated, every projection converted) so the path is exercised.
+went, from the same run. Without a GPU the section is skipped; --smoke runs the same end-to-end code on CPU with a
+tiny model (fp32, eager; the fp8 run emulated, every projection converted) so the path is exercised.
 """
 
 import json
@@ -157,14 +157,15 @@ def run(args, out: Path) -> dict:
 
 def profile_table(e2e: dict) -> str:
     """Where the first end-to-end run's step time went (profile_steps), as markdown."""
-    kernels, unit = e2e["top_kernels"], "GPU kernels" if e2e["device"] == "cuda" else "ops (CPU)"
+    kernels = e2e["top_kernels"]
     if isinstance(kernels, str):
         return f"\n\nProfile: {kernels}."
+    what, unit = ("kernel", "GPU kernels") if e2e["device"] == "cuda" else ("op", "ops (CPU)")
+    rows = [[k["name"][:90].replace("|", "/"), k["ms_per_step"], k["calls_per_step"], f"{100 * k['share']:.1f} %"]
+            for k in kernels]
     return (f"\n\nWhere a step's time goes ({e2e['precision']}, compile={e2e['compile']}; torch.profiler over "
             f"{PROFILE_STEPS} steps, the top {len(kernels)} {unit} by their own time):\n\n"
-            + table(["kernel" if e2e["device"] == "cuda" else "op", "ms per step", "calls per step", "share"],
-                    [[k["name"][:90].replace("|", "/"), k["ms_per_step"], k["calls_per_step"], f"{100 * k['share']:.1f} %"]
-                     for k in kernels]))
+            + table([what, "ms per step", "calls per step", "share"], rows))
 
 
 def fp8_run(device, args, has_gpu: bool, e2e: dict) -> tuple[dict | None, str | None]:
