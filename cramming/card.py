@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+
 from .atomic import write_atomic
 
 CARD = "README.md"
@@ -16,10 +18,8 @@ CARD = "README.md"
 def launch_command() -> str:
     """The command that made the run: pretrain.py and its overrides (Hydra's, when it launched the run)."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         overrides = list(HydraConfig.get().overrides.task)
-    except (ImportError, ValueError):  # not under Hydra (a library call): the process's own arguments
+    except ValueError:  # not under Hydra (a library call): the process's own arguments
         return " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     return " ".join(shlex.quote(a) for a in ["python", "pretrain.py", *overrides])
 

@@ -11,6 +11,8 @@ import os
 import re
 import sys
 
+from hydra._internal.utils import get_args_parser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -73,8 +75,6 @@ def _unknown_key(cause, command: str) -> str:
 
 def composition_line(err: Exception, command: str) -> str:
     """Hydra's composition error -> the one line (without `error: `) that names the key or option."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-
     message = str(err)
     first = message.splitlines()[0] if message else type(err).__name__
     cause = err.__cause__
@@ -128,8 +128,6 @@ class _FlagError(Exception):
 def flag_problem(argv: list[str]) -> str | None:
     """Hydra's own flags (--cfg, --multirun, ...) go through argparse, whose errors print a usage block: parse
     them first with the parser @hydra.main uses, and say what is wrong in one line."""
-    from hydra._internal.utils import get_args_parser
-
     parser = get_args_parser()
 
     def fail(message: str):
@@ -145,8 +143,6 @@ def flag_problem(argv: list[str]) -> str | None:
 
 def run_entry(main, command: str) -> None:
     """Call a @hydra.main function; a composition error becomes one `error:` line and exit code 2."""
-    from hydra.errors import HydraException
-
     if problem := flag_problem(sys.argv[1:]):
         print(f"error: {problem} ({invocation(command)} --help; Hydra's flags: --hydra-help)", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from transformers import PreTrainedTokenizerFast
 
 from .errors import UserError, exit_on_user_error
 from .export_onnx import TOLERANCE, export_onnx
@@ -25,8 +26,6 @@ from .train.state import load_saved
 
 def export_step(step: Path, out: Path | None = None) -> Path:
     """Write the step folder `step` as a model folder (default <run>/exported/<step name>); returns it."""
-    from transformers import PreTrainedTokenizerFast
-
     step = Path(step)
     if not (step / MARKER).is_file() or not (step / "state.pt").is_file():
         raise UserError(f"{step} is not a complete step folder (no {MARKER} and state.pt): give one of a run's "

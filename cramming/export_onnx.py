@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import transformers
 
 from . import model as crammed
 from .errors import UserError
@@ -37,8 +38,6 @@ def load_for_export(folder: Path, trust_remote_code: bool = False):
     if head not in crammed.CLASSES:
         raise UserError(f"{folder}: config.json names {head!r}, which is no class of cramming's "
                         f"({', '.join(crammed.CLASSES)})")
-    import transformers
-
     transformers.logging.disable_progress_bar()  # the one-line contract holds for loading too
     if (name := foreign_code(folder)) is None:
         return getattr(crammed, head).from_pretrained(folder).eval()
@@ -121,7 +120,7 @@ def check_onnx(path: Path, model, seq: int) -> float | None:
     export's example, two rows padded; None when onnxruntime is not installed."""
     if importlib.util.find_spec("onnxruntime") is None:
         return None
-    import onnxruntime
+    import onnxruntime  # optional (the [onnx] extra): its absence was checked just above
 
     inputs = example(model.config, 3, seq, padded_rows=2, seed=1)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])

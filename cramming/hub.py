@@ -13,6 +13,9 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import huggingface_hub
+from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
 from .errors import UserError
 from .model_code import blob_id, foreign_code, named_modules, our_closure, ours
 
@@ -66,7 +69,7 @@ def hub_dataset(task: str, dataset: str, config: str | None = None, *, fix: str,
         raise HubUnreachable(task, f"the hub dataset {dataset!r} is unreachable ({reason})"
                              f"{'' if cached else ' and not in the datasets cache'}; pass {fix}{hint}")
     try:
-        from datasets import load_dataset
+        from datasets import load_dataset  # about 1 s to import: only when something is read from the hub
 
         try:
             return load_dataset(dataset, config, **kwargs)
@@ -137,10 +140,8 @@ def _from_hub(key: str, value: str, allow_code: bool, allow_key: str) -> Path:
 
 def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:
     """Whether the hub holds our bytes under these names, from the ids it lists for each file: nothing fetched."""
-    from huggingface_hub import HfApi
-
     try:
-        listed = {f.rfilename: f.blob_id for f in HfApi().model_info(value, files_metadata=True).siblings or []}
+        listed = {f.rfilename: f.blob_id for f in huggingface_hub.HfApi().model_info(value, files_metadata=True).siblings or []}
     except (OSError, ValueError) as err:
         raise UserError(f"{key}={value!r}: listing its files on the Hugging Face hub failed "
                         f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})") from None
@@ -148,11 +149,8 @@ def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:
 
 
 def _download(key: str, value: str, patterns: list[str], reason: str | None) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
     try:
-        return Path(snapshot_download(value, allow_patterns=patterns, local_files_only=reason is not None))
+        return Path(huggingface_hub.snapshot_download(value, allow_patterns=patterns, local_files_only=reason is not None))
     except LocalEntryNotFoundError:
         raise UserError(f"{key}={value!r}: not a local folder, and the Hugging Face hub is unreachable "
                         f"({reason or 'no connection'}) and the model is not in its cache; download it while "

@@ -186,7 +186,7 @@ class CompileMode:
 
     @property
     def cuda_graphs(self) -> bool:
-        import torch._inductor
+        import torch._inductor  # over 1 s to import: only when a compile mode is asked about
 
         return bool(torch._inductor.list_mode_options(self.torch_mode).get("triton.cudagraphs"))
 

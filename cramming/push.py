@@ -5,6 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
+import huggingface_hub
+from huggingface_hub.errors import HfHubHTTPError
+
 from .card import CARD
 from .errors import UserError, exit_on_user_error
 from .train.checkpoint import is_complete
@@ -25,13 +28,10 @@ def check_folder(folder: Path) -> Path:
 
 def push(folder: Path, repo_id: str, private: bool = False) -> str:
     """Create the model repository (if needed) and upload the folder; returns the repository's URL."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
     folder = check_folder(Path(folder).expanduser())
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise UserError(f"repo id {repo_id!r} is invalid: give <user or organisation>/<model name>")
-    api = HfApi()
+    api = huggingface_hub.HfApi()
     try:
         url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
         api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",

@@ -27,6 +27,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -48,8 +49,6 @@ def eval_after_config(config):
         if config.sweep_objective == "glue_average":
             raise UserError("sweep_objective=glue_average needs eval_after=true")
         return None
-    from hydra import compose
-
     from .eval.recipe import load_tasks  # heavy (torch, transformers): only with eval_after
     from .validation.eval import load_eval_config  # heavy (every component): the same
 

@@ -179,7 +179,7 @@ def iter_csv(path: Path, field: str, encoding: str, errors: str) -> Iterator[str
 
 
 def iter_parquet(path: Path, field: str) -> Iterator[str]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # only for .parquet files: the other formats need no pyarrow
 
     try:
         table = pq.ParquetFile(path)

@@ -3,6 +3,7 @@
 import inspect
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from .base import uncompiled
 from .torchrun import Torchrun
@@ -14,8 +15,6 @@ class DDP(Torchrun):
     name = "ddp"
 
     def wrap(self, model, device: torch.device):
-        from torch.nn.parallel import DistributedDataParallel
-
         # gradients live in the communication buckets: no second copy of them (16, not 20, bytes per parameter).
         # No buffer broadcast from rank 0 at each forward: our buffers are constants, or token dropping's importance,
         # whose update all-reduces every rank's losses (model/stacks.py), so the ranks already agree. Newer

@@ -8,6 +8,7 @@ shards its state under ZeRO; only 1-bit Adam is built by DeepSpeed itself.
 """
 
 import contextlib
+import importlib.util
 import io
 import logging
 import warnings
@@ -27,7 +28,7 @@ def require():
     """The deepspeed module, or one line saying how to install it."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its INFO lines would drown ours
     try:
-        import deepspeed
+        import deepspeed  # the optional [deepspeed] extra: only under impl.distributed=deepspeed
     except ImportError:
         raise UserError(f"impl.distributed=deepspeed needs DeepSpeed, which is not installed: {INSTALL}") from None
     # DeepSpeed's ZeRO still calls torch's renamed all_gather_into_tensor; nothing for a user to act on
@@ -36,8 +37,6 @@ def require():
 
 
 def has_onebit_adam() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("deepspeed.runtime.fp16.onebit") is not None
 
 
@@ -48,8 +47,7 @@ def problem(config, runtime, microbatch: int | None) -> str | None:
         return ("impl.microbatch_size=auto cannot be used with impl.distributed=deepspeed (DeepSpeed fixes the "
                 "microbatch when the engine is built); give impl.microbatch_size a number")
     if ds.onebit_adam:
-        import deepspeed
-
+        deepspeed = require()
         if not has_onebit_adam():
             return (f"impl.deepspeed.onebit_adam: DeepSpeed {deepspeed.__version__} no longer has 1-bit Adam "
                     f"(removed in 0.19.7); pip install 'deepspeed<=0.19.6'")
@@ -135,7 +133,7 @@ def load(engine, folder: Path) -> None:
 def full_weights(engine) -> dict[str, torch.Tensor]:
     """The whole model in fp32 on the CPU, from the optimizer's fp32 master copy where DeepSpeed keeps one
     (bf16/fp16), gathered from the ZeRO partitions. Collective: every rank must call it."""
-    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils import safe_get_full_fp32_param  # the optional extra, as in require()
 
     params = dict(engine.module.named_parameters())
     weights = {}

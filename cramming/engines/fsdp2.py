@@ -38,7 +38,7 @@ class FSDP2(Torchrun):
 
     def wrap(self, model, device: torch.device):
         """`fully_shard` each block, then the root (embeddings and head)."""
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard  # ~1 s to import: only when fsdp2 runs
 
         for block in blocks_of(model):
             fully_shard(block)
@@ -60,15 +60,15 @@ class FSDP2(Torchrun):
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def save_state(self, model, optimizer, folder, saved: dict) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        import torch.distributed.checkpoint as dcp  # ~1 s to import, as above
+        from torch.distributed.checkpoint.state_dict import get_state_dict  # (the same)
 
         model_state, optimizer_state = get_state_dict(self.unwrap(model), optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / self.state_folder)
 
     def load_state(self, model, optimizer, folder, saved: dict) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        import torch.distributed.checkpoint as dcp  # ~1 s to import, as above
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # (the same)
 
         model = self.unwrap(model)
         model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -77,7 +77,7 @@ class FSDP2(Torchrun):
 
     def whole_model(self, model, rebuild):
         """The shards gathered onto rank 0's CPU (collective: every rank calls it)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # ~1 s, as above
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(self.unwrap(model), options=options)

@@ -50,7 +50,7 @@ def task_manager(options: LmEvalOptions):
 @functools.cache
 def _task_manager(include: str | None):
     """One index per folder: building one reads every YAML lm-eval ships (seconds), and each task asks twice."""
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # the optional lm-eval extra (lm_eval_module checked it)
 
     return TaskManager(include_path=include)
 
@@ -60,8 +60,8 @@ def check_task(name: str, manager) -> None:
     if name not in manager.all_tasks:
         raise UserError(f"eval.tasks: lm-eval knows no task {name!r} (list them with `lm-eval ls tasks`; "
                         "your own YAMLs go in eval.lm_eval.include_path)")
-    from datasets.exceptions import DatasetGenerationError
-    from lm_eval.tasks import get_task_dict
+    from datasets.exceptions import DatasetGenerationError  # datasets: ~1 s, as lm-eval itself: only here
+    from lm_eval.tasks import get_task_dict  # the optional extra, as above
 
     try:
         tasks = get_task_dict([name], manager)
@@ -77,7 +77,7 @@ def check_task(name: str, manager) -> None:
 
 def harness_lm(checkpoint: str, tokenizer, runtime, options: LmEvalOptions, max_length: int, random_init: bool):
     """lm-eval's HFLM on the checkpoint folder (its own loading), or on the untrained model for the baseline."""
-    from lm_eval.models.huggingface import HFLM
+    from lm_eval.models.huggingface import HFLM  # the optional extra, as above
 
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
     common = {"backend": "causal", "tokenizer": tokenizer, "batch_size": options.batch_size, "max_length": max_length,
@@ -90,7 +90,7 @@ def harness_lm(checkpoint: str, tokenizer, runtime, options: LmEvalOptions, max_
 
 def run_harness(lm, name: str, options: LmEvalOptions, seed: int, log_samples: bool = False) -> dict:
     """lm_eval.simple_evaluate on one task; its whole answer (results, and samples when log_samples)."""
-    import lm_eval
+    import lm_eval  # the optional extra, as above
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-step INFO lines would bury our output
     return lm_eval.simple_evaluate(model=lm, tasks=[name], num_fewshot=options.num_fewshot, limit=options.limit,

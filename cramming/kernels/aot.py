@@ -22,6 +22,11 @@ import sys
 import tempfile
 import time
 
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
 from . import flash_kernels, rotary
 from .tuning import CONFIGS, SHARED_PER_BLOCK, block_d_of, fitting, shared_bytes, shared_memory_problem
 
@@ -53,8 +58,6 @@ def _signature(fn, dtype, constexprs):
 
 def _resources(cubin: bytes) -> dict:
     """Registers and local memory (spills) per thread, from cuobjdump --dump-resource-usage."""
-    import triton
-
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
@@ -67,10 +70,6 @@ def _resources(cubin: bytes) -> dict:
 
 def compile_job(job: dict) -> dict:
     """Compile one (kernel, config) for one target; returns the job with shared, regs, spill_bytes, seconds."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     fn = {"fwd": flash_kernels._attn_fwd, "dkdv": flash_kernels._attn_bwd_dkdv, "dq": flash_kernels._attn_bwd_dq,
           "delta": flash_kernels._attn_bwd_delta, "rotary": rotary._rotary_kernel}[job["kernel"]]
     signature, attrs = _signature(fn, DTYPES[job["dtype"]][0], job["constexprs"])
@@ -87,8 +86,6 @@ def compile_job(job: dict) -> dict:
 
 def attention_jobs(arch, dtype, head_dim, every):
     """The configs to compile for one (arch, dtype, head dim), or the router's refusal."""
-    import torch
-
     limit, elt, block_d = SHARED_PER_BLOCK[arch], DTYPES[dtype][1], block_d_of(head_dim)
     problem = shared_memory_problem(head_dim, getattr(torch, TORCH_DTYPE[dtype]), limit)
     jobs = []

@@ -60,7 +60,7 @@ def fitting(kernel: str, head_dim: int, elt: int, limit: int) -> list[tuple]:
 def shared_limit(device: torch.device) -> int:
     """Bytes of shared memory a block may use on this CUDA device: what Triton's launcher checks against."""
     try:
-        from triton.runtime import driver
+        from triton.runtime import driver  # this module stays free of Triton (its docstring): only on CUDA
 
         return int(driver.active.utils.get_device_properties(device.index or 0)["max_shared_mem"])
     except Exception:  # noqa: BLE001  an older Triton, or no driver: the vendor number for this capability

@@ -21,6 +21,8 @@ At m = 1 muP is the standard parametrization exactly: same init, learning-rate g
 
 import math
 
+from torch import nn
+
 from .registry import Registry
 
 PARAMETRIZATIONS = Registry("parametrization", traits={
@@ -96,8 +98,6 @@ def parametrization(config):
 
 def mark_hidden(module) -> None:
     """Mark every dense projection under `module` as a hidden matrix (muP's width-scaled init and learning rate)."""
-    from torch import nn
-
     for sub in module.modules():
         if isinstance(sub, nn.Linear):
             sub.hidden_matrix = True

@@ -10,6 +10,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from transformers.utils import logging as hf_logging
+
 from ..card import write_card
 from ..data.tokenizer import for_generation
 from ..engines import Engine
@@ -58,8 +60,6 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
 def no_shard_bar():
     """transformers draws a "Writing model shards" bar in every save_pretrained: for our one small shard, a bar of
     noise after every run. Off for our saves only; a user's setting is as it was after."""
-    from transformers.utils import logging as hf_logging
-
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

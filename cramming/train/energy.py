@@ -82,7 +82,7 @@ def rapl_counter(root: Path | None = None) -> tuple[Rapl | None, str | None]:
 def nvml_counter(device: torch.device) -> tuple[Nvml | None, str | None]:
     """The NVML counter of this process's GPU, found by UUID (right under CUDA_VISIBLE_DEVICES), or None and why."""
     try:
-        import pynvml
+        import pynvml  # optional (nvidia-ml-py): only on a CUDA device, and a miss is reported
     except ImportError:
         return None, "nvidia-ml-py is not installed (pip install 'cramming[energy]')"
     try:

@@ -15,6 +15,7 @@ initialises before place() converts, averaging rebuilds unconverted models from 
 checkpoint saves the converted model's plain weights.
 """
 
+import dataclasses
 import re
 
 from torch import nn
@@ -41,7 +42,7 @@ def converts(name: str, module: nn.Module, min_elements: int) -> bool:
 def torchao_problem() -> str | None:
     """Why torchao's float8 training cannot be imported, or None (cramming/__init__.py quiets its import)."""
     try:
-        import torchao.float8  # noqa: F401
+        import torchao.float8  # noqa: F401  the optional torchao, tried only when fp8 is asked for
     except ImportError as error:
         return f"torchao's float8 training is not importable ({error}); pip install 'cramming[fp8]'"
     return None
@@ -49,9 +50,7 @@ def torchao_problem() -> str | None:
 
 def float8_config(fp8):
     """torchao's Float8LinearConfig for impl.fp8 (the recipe; emulate: the casts with high-precision matmuls)."""
-    import dataclasses
-
-    from torchao.float8 import Float8LinearConfig
+    from torchao.float8 import Float8LinearConfig  # the optional torchao: only under impl.precision=fp8
 
     return dataclasses.replace(Float8LinearConfig.from_recipe_name(fp8.recipe), emulate=fp8.emulate)
 
@@ -61,7 +60,7 @@ def convert_to_fp8(model: nn.Module, fp8) -> list[str]:
     stay the same Parameter objects (ties and optimizer groups hold); the instance marks in CARRIED move over."""
     if reason := torchao_problem():
         raise UserError(f"impl.precision=fp8: {reason}")
-    from torchao.float8 import convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training  # the optional torchao (checked just above)
 
     chosen = {name: module for name, module in model.named_modules() if converts(name, module, fp8.min_elements)}
     marks = {name: {k: getattr(m, k) for k in CARRIED if hasattr(m, k)} for name, m in chosen.items()}

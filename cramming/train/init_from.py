@@ -15,6 +15,10 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, BertForMaskedLM, PreTrainedTokenizerFast
+from transformers import logging as hf_logging
+
 from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer
 from ..errors import UserError
 from ..hub import model_folder
@@ -62,9 +66,6 @@ def open_source(value: str, allow_code: bool = False) -> Source:
 
 
 def _checkpoint(folder: Path, value: str) -> Source:
-    from safetensors.torch import load_file
-    from transformers import PreTrainedTokenizerFast
-
     if not (folder / "model.safetensors").is_file():
         raise UserError(invalid(KEY, value, "has no model.safetensors: an incomplete checkpoint"))
     check_weights(folder)
@@ -75,8 +76,6 @@ def _checkpoint(folder: Path, value: str) -> Source:
 
 
 def _step(folder: Path, value: str) -> Source:
-    from transformers import PreTrainedTokenizerFast
-
     saved = load_saved(folder / "state.pt")
     if "model" not in saved:
         raise UserError(invalid(KEY, value, "holds its weights in an engine's shards (FSDP2, DeepSpeed); use the "
@@ -101,9 +100,6 @@ def _ours(arch: dict) -> dict:
 
 
 def _bert(folder: Path, value: str) -> Source:
-    from transformers import AutoTokenizer, BertForMaskedLM
-    from transformers import logging as hf_logging
-
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # unused pooler weights of a BertForPreTraining checkpoint: expected
     try:

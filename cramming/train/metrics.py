@@ -5,6 +5,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
 from ..errors import UserError
 
 
@@ -53,9 +56,6 @@ class MetricsLog:
 def wandb_names(name: str, run_dir: Path) -> tuple[str, str | None]:
     """W&B's run name and group: the config name for a single run; in a sweep `<name>/<job folder>`, grouped by
     sweep as `<name>/<sweep folder>`, so a sweep's jobs sit together and tell themselves apart."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         return f"{name}/{Path(run_dir).name}", f"{name}/{Path(HydraConfig.get().sweep.dir).name}"
     return name, None
@@ -64,7 +64,7 @@ def wandb_names(name: str, run_dir: Path) -> tuple[str, str | None]:
 def start_wandb(run_dir: Path, mode: str, project: str, name: str, group: str | None, config: dict):
     """A W&B run writing under `<run>/wandb`. Offline never touches the network (`wandb sync` uploads later).
     Quiet, and without console capture, so the run's own output keeps its one-line contracts."""
-    import wandb  # the optional `wandb` package, checked by the config
+    import wandb  # the optional `wandb` package (checked by the config): only with train.wandb
 
     try:
         run = wandb.init(mode=mode, project=project, name=name, group=group, config=config, dir=str(run_dir),

@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import torch._dynamo
+
 from ..model.patterns import PATTERNS
 from ..registry import Registry, invalid
 from .curriculum import sequence_length, stage_factors
@@ -189,8 +191,6 @@ def compiled_windows_problem(config, windows: set) -> str | None:
     to eager."""
     if config.impl.compile is False:
         return None
-    import torch._dynamo
-
     limit = torch._dynamo.config.recompile_limit
     if len(windows) > limit:
         return invalid("train.window_schedule", config.train.window_schedule,

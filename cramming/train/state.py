@@ -1,5 +1,6 @@
 """Everything a run needs to continue exactly where it stopped, besides the model and optimizer tensors."""
 
+import pickle
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,8 +82,6 @@ def refuse_unsafe(path: Path) -> None:
 def load_saved(path: Path) -> dict:
     """A step folder's state.pt or rng-<rank>.pt: tensors and plain data only (torch.load's weights_only), so a
     file from someone else cannot run code when it is read. Anything else is one line naming the file."""
-    import pickle
-
     refuse_unsafe(path)
     with torch.serialization.safe_globals(NUMPY_ARRAYS):
         try:
