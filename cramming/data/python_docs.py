@@ -22,7 +22,6 @@ import sysconfig
 import time
 import warnings
 from collections.abc import Iterator
-from pydoc_data.topics import topics  # a plain data module shipped with CPython
 
 from tqdm import tqdm
 
@@ -196,6 +195,8 @@ def _documents(roots: list[str] | None, max_files: int | None, stats: dict) -> I
                 yield document
 
     if roots is None:
+        from pydoc_data.topics import topics  # CPython's help texts (0.7 MB): only for this source
+
         yield from unique(doc for doc in (clean_docstring(topics[key]) for key in sorted(topics)) if doc)
     paths = itertools.chain.from_iterable(map(_python_files, default_roots() if roots is None else roots))
     paths = itertools.islice(paths, max_files)

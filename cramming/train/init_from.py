@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, BertForMaskedLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 from transformers import logging as hf_logging
 
 from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer
@@ -100,6 +100,8 @@ def _ours(arch: dict) -> dict:
 
 
 def _bert(folder: Path, value: str) -> Source:
+    from transformers import AutoTokenizer, BertForMaskedLM  # BERT's model code (50 ms): only for a BERT source
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # unused pooler weights of a BertForPreTraining checkpoint: expected
     try:
