@@ -83,11 +83,12 @@ def test_imports_inside_functions_are_few_and_say_why():
 
 def test_pretraining_imports_no_benchmark():
     """Every pretraining process (each torchrun rank too), its --help and its refusals start without eval's
-    benchmarks, metrics and their libraries: importing them cost each 1.3-1.5 s."""
+    benchmarks, metrics and their libraries (importing them cost each 1.3-1.5 s), nor what only some sources need
+    (datasets for the hub, BERT's model code for train.init_from, CPython's help texts for data=python-docs)."""
     code = ("import sys, cramming.commands, cramming.pretraining; from cramming.options_doc import help_lines; "
             "help_lines('pretrain', 'budget'); "  # a refused run's and --help's key lines
             "print(sorted(set(sys.modules) & {'cramming.eval.kinds', 'cramming.eval.finetune', 'sklearn', 'peft', "
-            "'scipy.stats'}))")
+            "'scipy.stats', 'datasets', 'transformers.models.bert.modeling_bert', 'pydoc_data.topics'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                           check=True)
     assert done.stdout.strip() == "[]", done.stdout
