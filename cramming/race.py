@@ -28,8 +28,6 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from scipy import stats
-
 ALPHA = 0.01  # both verdicts; modded-nanogpt's records use p < 0.01
 EXACT_SPLITS = 200_000  # exact permutation p up to this many ways to split the runs (10 seeds each: 184,756)
 TIME_TEST = ("one-sided Mann-Whitney U, B faster than A; runs that missed the target are censored: tied with each "
@@ -84,6 +82,8 @@ def seeds_needed(alpha: float = ALPHA) -> int:
 
 def summary_stats(times: list) -> dict:
     """One config: how many runs reached the target, and the mean of those that did with its 95 % CI."""
+    from scipy import stats  # 0.7 s to import: not before the runs, so a refusal is instant
+
     reached = [t for t in times if t is not None]
     n = len(reached)
     mean = sum(reached) / n if n else None
@@ -99,6 +99,8 @@ def rank_test(a: list, b: list) -> dict:
     """U counts the (A, B) pairs where A's run was slower; a miss is +inf, so it loses to every reached run and ties
     with every miss. The p value is exact (every split of the runs into A and B, ties included) while that is
     cheap, else scipy's tie-corrected normal approximation."""
+    from scipy import stats  # 0.7 s to import: not before the runs, so a refusal is instant
+
     x, y = ([math.inf if t is None else t for t in times] for times in (a, b))
     exact = math.comb(len(x) + len(y), len(x)) <= EXACT_SPLITS
     method = stats.PermutationMethod(n_resamples=EXACT_SPLITS) if exact else "asymptotic"
@@ -128,6 +130,8 @@ def compare(a: list, b: list, alpha: float = ALPHA) -> dict:
 def loss_test(losses: list, target: float, alpha: float = ALPHA) -> dict:
     """modded-nanogpt's record rule for one recipe: its mean final validation loss is at most the target, by a
     one-sample one-sided t-test over its seeds."""
+    from scipy import stats  # 0.7 s to import: not before the runs, so a refusal is instant
+
     n = len(losses)
     result = {"runs": n, "target_loss": target, "mean_val_loss": sum(losses) / n if n else None, "t": None,
               "p_value": None, "alpha": alpha}
