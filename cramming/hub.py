@@ -141,7 +141,8 @@ def _from_hub(key: str, value: str, allow_code: bool, allow_key: str) -> Path:
 def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:
     """Whether the hub holds our bytes under these names, from the ids it lists for each file: nothing fetched."""
     try:
-        listed = {f.rfilename: f.blob_id for f in huggingface_hub.HfApi().model_info(value, files_metadata=True).siblings or []}
+        info = huggingface_hub.HfApi().model_info(value, files_metadata=True)
+        listed = {f.rfilename: f.blob_id for f in info.siblings or []}
     except (OSError, ValueError) as err:
         raise UserError(f"{key}={value!r}: listing its files on the Hugging Face hub failed "
                         f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})") from None
@@ -150,7 +151,8 @@ def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:
 
 def _download(key: str, value: str, patterns: list[str], reason: str | None) -> Path:
     try:
-        return Path(huggingface_hub.snapshot_download(value, allow_patterns=patterns, local_files_only=reason is not None))
+        return Path(huggingface_hub.snapshot_download(value, allow_patterns=patterns,
+                                                      local_files_only=reason is not None))
     except LocalEntryNotFoundError:
         raise UserError(f"{key}={value!r}: not a local folder, and the Hugging Face hub is unreachable "
                         f"({reason or 'no connection'}) and the model is not in its cache; download it while "
