@@ -10,6 +10,15 @@ from .base import uncompiled
 from .torchrun import Torchrun
 
 
+def checkpointing():
+    """torch.distributed.checkpoint and its state_dict helpers: about 1 s to import, so only when fsdp2 saves,
+    loads or gathers (every engine's module is imported to register it)."""
+    import torch.distributed.checkpoint as dcp  # ~1 s: only when fsdp2 checkpoints (the docstring above)
+    import torch.distributed.checkpoint.state_dict as state  # (part of the same package)
+
+    return dcp, state
+
+
 def blocks_of(model) -> list:
     return list(getattr(model, model.base_model_prefix).layers)
 
@@ -60,25 +69,20 @@ class FSDP2(Torchrun):
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def save_state(self, model, optimizer, folder, saved: dict) -> None:
-        import torch.distributed.checkpoint as dcp  # ~1 s to import, as above
-        from torch.distributed.checkpoint.state_dict import get_state_dict  # (the same)
-
-        model_state, optimizer_state = get_state_dict(self.unwrap(model), optimizer)
+        dcp, state = checkpointing()
+        model_state, optimizer_state = state.get_state_dict(self.unwrap(model), optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / self.state_folder)
 
     def load_state(self, model, optimizer, folder, saved: dict) -> None:
-        import torch.distributed.checkpoint as dcp  # ~1 s to import, as above
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # (the same)
-
+        dcp, state = checkpointing()
         model = self.unwrap(model)
-        model_state, optimizer_state = get_state_dict(model, optimizer)
+        model_state, optimizer_state = state.get_state_dict(model, optimizer)
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=Path(folder) / self.state_folder)
-        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        state.set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
 
     def whole_model(self, model, rebuild):
         """The shards gathered onto rank 0's CPU (collective: every rank calls it)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # ~1 s, as above
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.unwrap(model), options=options)
+        _, state = checkpointing()
+        options = state.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = state.get_model_state_dict(self.unwrap(model), options=options)
         return rebuild(weights) if self.main else None
