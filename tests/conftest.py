@@ -74,7 +74,7 @@ def _cache_env(cache_dir, monkeypatch):
 def run_pretrain(*overrides: str, run_dir: Path | None = None, timeout: int = 300, env: dict | None = None,
                  in_process: bool = False) -> subprocess.CompletedProcess:
     """Run `python pretrain.py` as a user would, from the repository root; `env` replaces the environment;
-    `in_process`: for a command that does no work (a refusal, a dryrun), run in this process (run_command)."""
+    `in_process`: run in this process (run_command), without a new interpreter's 5 s of imports."""
     args = [*overrides, *([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])]
     if in_process:
         return run_command("pretrain.py", args)
@@ -97,15 +97,18 @@ def run_eval(*overrides: str, tmp_path: Path, timeout: int = 600, env: dict | No
 
 def run_command(script: str, args: list[str]) -> subprocess.CompletedProcess:
     """`python <script> <args>` in this process: the command's own entry function with sys.argv set, from the
-    repository root, its exit code and output caught. For commands that do no work (a refusal, a dryrun), where a
-    new interpreter's imports would be most of the test's time; test_cli_errors keeps the entry points' contract
-    in real subprocesses."""
+    repository root, its exit code and output caught. A new interpreter's imports cost about 5 s, most of a
+    refusal's or a small evaluation's time; test_cli_errors keeps the entry points' contract in real subprocesses,
+    and each command keeps one end-to-end test in one (test_eval_cli, test_pretrain_cli)."""
+    import transformers
+
     from cramming.commands import eval_command, pretrain_command
 
     entry = {"pretrain.py": pretrain_command, "eval.py": eval_command}[script]
     out, err, argv, code = io.StringIO(), io.StringIO(), sys.argv, 0
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level  # Hydra sets up the job's logging: undone after
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.utils.logging.is_progress_bar_enabled()
     sys.argv = [str(REPO / script), *args]
     try:
         with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -118,6 +121,8 @@ def run_command(script: str, args: list[str]) -> subprocess.CompletedProcess:
             handler.close()
         root.handlers[:] = handlers
         root.setLevel(level)
+        transformers.logging.set_verbosity(verbosity)  # eval quiets transformers for its own run only
+        (transformers.logging.enable_progress_bar if bars else transformers.logging.disable_progress_bar)()
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
@@ -154,7 +159,7 @@ def smoke_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint from two steps on the sanity source: fast, and needs no shared data."""
     def build(folder: Path) -> str:
         result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
-                              "train.max_steps=2", "name=smoke", run_dir=folder / "run")
+                              "train.max_steps=2", "name=smoke", run_dir=folder / "run", in_process=True)
         assert result.returncode == 0, result.stderr[-3000:]
         return str(last_line_path(result, "checkpoint: "))
 
@@ -166,7 +171,7 @@ def causal_checkpoint(tmp_path_factory) -> Path:
     """A causal (gpt-tiny, clm) checkpoint from two steps on the sanity source, for zero-shot scoring."""
     def build(folder: Path) -> str:
         result = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
-                              "name=causal", run_dir=folder / "run")
+                              "name=causal", run_dir=folder / "run", in_process=True)
         assert result.returncode == 0, result.stderr[-3000:]
         return str(last_line_path(result, "checkpoint: "))
 

@@ -165,7 +165,7 @@ def test_eval_after_evaluates_the_last_and_the_averaged_weights(tmp_path):
     result = run_pretrain(*TINY, "train.max_steps=2", "train.batch_size=16", "train.averaging=ema", "eval_after=true",
                           f"eval_overrides=['eval=custom','eval.train_file={tmp_path}/train.csv',"
                           f"'eval.dev_file={tmp_path}/train.csv','eval.recipe.epochs=1']",
-                          run_dir=tmp_path / "run", timeout=600)
+                          run_dir=tmp_path / "run", in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     for folder, checkpoint in (("eval", "checkpoint"), ("eval-ema", "final-ema")):
@@ -208,7 +208,7 @@ def test_ddp_averages_what_one_process_averages(tmp_path):
                           f"hydra.run.dir={tmp_path / 'ddp'}"], check=False, cwd=REPO, capture_output=True,
                          text=True, timeout=600)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    one = run_pretrain(*steps, run_dir=tmp_path / "one")
+    one = run_pretrain(*steps, run_dir=tmp_path / "one", in_process=True)
     assert one.returncode == 0, one.stderr[-3000:]
     got, want = (json.loads((tmp_path / run / "train_summary.json").read_text()) for run in ("ddp", "one"))
     assert got["distributed"]["world_size"] == 2

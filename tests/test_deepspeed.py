@@ -5,13 +5,12 @@ acts on what DeepSpeed reports, and what DeepSpeed cannot do is one line before 
 import importlib.util
 import json
 import socket
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import run_pretrain
 from test_distributed import TINY, Distributed, check_distributed, records, stop_one_rank, torchrun
 from test_resume import config_for, final_weights, logged_steps, poison  # noqa: F401  (a fixture)
 
@@ -31,8 +30,7 @@ ENGINE = ["impl.distributed=deepspeed"]
 def test_zero2_on_two_processes_matches_one_process(tmp_path):
     steps = ["train.max_steps=4", "train.batch_ramp=0", "train.grad_clip=0.5"]
     zero = torchrun(*TINY, *steps, *ENGINE, "impl.deepspeed.zero_stage=2", f"hydra.run.dir={tmp_path / 'zero'}")
-    one = subprocess.run([sys.executable, str(REPO / "pretrain.py"), *TINY, *steps,
-                          f"hydra.run.dir={tmp_path / 'one'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    one = run_pretrain(*TINY, *steps, run_dir=tmp_path / "one", in_process=True)
     assert one.returncode == 0, one.stderr[-3000:]
     out, err = zero.communicate(timeout=300)
     assert zero.returncode == 0, err[-3000:]

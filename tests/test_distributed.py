@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, run_pretrain
 from safetensors.torch import load_file
 from test_resume import config_for, logged_steps
 
@@ -53,8 +53,7 @@ def records(run_dir: Path) -> list[dict]:
 def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
     steps = ["train.max_steps=4", "train.batch_ramp=0"]
     ddp = torchrun(*TINY, *steps, "impl.distributed=ddp", "name=ddp", cwd=tmp_path)  # Hydra's default folders
-    one = subprocess.run([sys.executable, str(REPO / "pretrain.py"), *TINY, *steps,
-                          f"hydra.run.dir={tmp_path / 'one'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    one = run_pretrain(*TINY, *steps, run_dir=tmp_path / "one", in_process=True)
     assert one.returncode == 0, one.stderr[-3000:]
     out, err = ddp.communicate(timeout=300)
     assert ddp.returncode == 0, err[-3000:]

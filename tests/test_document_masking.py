@@ -171,7 +171,7 @@ def test_the_option_reaches_the_model_from_the_command_line(tmp_path):
     for on in ("true", "false"):
         result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity",
                               "train.max_steps=3", f"data.document_masking={on}", "name=docs",
-                              run_dir=tmp_path / on)
+                              run_dir=tmp_path / on, in_process=True)
         assert result.returncode == 0, result.stderr[-3000:]
         weights[on] = load_file(tmp_path / on / "checkpoint" / "model.safetensors")
     assert any(not torch.equal(weights["true"][k], weights["false"][k]) for k in weights["true"])

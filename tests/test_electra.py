@@ -256,7 +256,8 @@ def test_the_cli_trains_rtd_and_refuses_bad_values(tmp_path):
     bad = run_pretrain(*TINY, "arch.objective=rtd", "arch.rtd.weight=-1", run_dir=tmp_path / "bad", in_process=True)
     one_line_error(bad, "arch.rtd.weight=-1.0 is invalid")
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
-    good = run_pretrain(*NAN_RUN, "arch.objective=rtd", "train.max_steps=3", run_dir=tmp_path / "good")
+    good = run_pretrain(*NAN_RUN, "arch.objective=rtd", "train.max_steps=3", run_dir=tmp_path / "good",
+                        in_process=True)
     assert good.returncode == 0, good.stderr[-2000:]
     assert (tmp_path / "good" / "checkpoint" / "model.safetensors").is_file()
 
@@ -264,18 +265,14 @@ def test_the_cli_trains_rtd_and_refuses_bad_values(tmp_path):
 def test_the_preset_pretrains_both_arms_and_fine_tunes_them(tmp_path):
     """`+experiment=electra` at smoke scale: an mlm and an rtd job, each checkpointed and evaluated on GLUE."""
     import json
-    import subprocess
-    import sys
 
-    from conftest import REPO
+    from conftest import run_pretrain
     from test_experiments import SMOKE
 
     glue = needs_shared("glue")
     evals = f'eval_overrides=["eval.tasks=[rte]","eval.max_train_examples=32","eval.data_dir={glue}",' \
             '"eval.recipe.epochs=1","eval.recipe.batch_size=16","impl=cpu"]'
-    result = subprocess.run([sys.executable, "pretrain.py", "-m", "+experiment=electra", *SMOKE, evals,
-                             f"hydra.sweep.dir={tmp_path}"], check=False, cwd=REPO, capture_output=True, text=True,
-                            timeout=600)
+    result = run_pretrain("-m", "+experiment=electra", *SMOKE, evals, f"hydra.sweep.dir={tmp_path}", in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     for job, objective in (("0_mlm", "mlm"), ("1_rtd", "rtd")):
         summary = json.loads((tmp_path / job / "checkpoint" / "train_summary.json").read_text())

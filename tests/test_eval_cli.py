@@ -67,7 +67,8 @@ def test_pretrained_beats_the_majority_class_on_sst2(real_pretrain_run, tmp_path
     run_dir, _ = real_pretrain_run
     result = run_eval(f"checkpoint={run_dir / 'checkpoint'}", f"eval.data_dir={glue}", "eval.tasks=[sst2]",
                       "eval.max_train_examples=1500", "eval.baseline=random-init", "impl=cpu",
-                      "eval.recipe.epochs=3", "eval.recipe.lr=2e-4", tmp_path=tmp_path)
+                      "eval.recipe.epochs=3", "eval.recipe.lr=2e-4", tmp_path=tmp_path,
+                      in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| random-init |" in result.stdout
     results = json.loads(last_line_path(result, "results: ").read_text())
@@ -96,7 +97,7 @@ def test_custom_task_csv_and_lookup_by_name(smoke_checkpoint, tmp_path):
     shutil.copytree(smoke_checkpoint, runs / "mine" / "2026-01-01_00-00-00" / "checkpoint")
     result = run_eval("name=mine", f"runs_dir={runs}", "eval=custom", f"eval.train_file={tmp_path}/train.csv",
                       f"eval.dev_file={tmp_path}/dev.csv", "eval.text_fields=[review]", "eval.label_field=sentiment",
-                      "eval.seeds=3", *FAST, tmp_path=tmp_path)
+                      "eval.seeds=3", *FAST, tmp_path=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     task = results["models"]["pretrained"]["tasks"]["custom"]
@@ -111,7 +112,8 @@ def test_custom_regression_is_inferred(smoke_checkpoint, tmp_path):
     lines = ["text\tscore"] + [f"sentence number {i}\t{(i % 9) / 2}" for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
     result = run_eval(f"checkpoint={smoke_checkpoint}", "eval=custom", f"eval.train_file={tmp_path}/train.tsv",
-                      f"eval.dev_file={tmp_path}/train.tsv", "eval.label_field=score", *FAST, tmp_path=tmp_path)
+                      f"eval.dev_file={tmp_path}/train.tsv", "eval.label_field=score", *FAST, tmp_path=tmp_path,
+                      in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     assert results["models"]["pretrained"]["tasks"]["custom"]["main_metric"] == "pearson"
@@ -130,7 +132,7 @@ def test_any_hugging_face_encoder_folder(smoke_checkpoint, tmp_path):
     rows = ["text,label"] + [f"example {i},{i % 2}" for i in range(30)]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
     result = run_eval(f"checkpoint={tmp_path / 'bert'}", "eval=custom", f"eval.train_file={tmp_path}/t.csv",
-                      f"eval.dev_file={tmp_path}/t.csv", *FAST, tmp_path=tmp_path)
+                      f"eval.dev_file={tmp_path}/t.csv", *FAST, tmp_path=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(last_line_path(result, "results: ").read_text())["model_type"] == "bert"
 
@@ -172,7 +174,8 @@ def test_bad_task_data_fails_before_training(smoke_checkpoint, tmp_path):
 def test_skip_missing_names_what_it_skipped(smoke_checkpoint, tmp_path):
     glue = needs_shared("glue")
     result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={glue}", "eval.tasks=[rte,qnli]",
-                      "eval.skip_missing=true", "eval.max_train_examples=64", *FAST, tmp_path=tmp_path)
+                      "eval.skip_missing=true", "eval.max_train_examples=64", *FAST, tmp_path=tmp_path,
+                      in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     assert set(results["models"]["pretrained"]["tasks"]) == {"rte"}

@@ -6,11 +6,10 @@ import functools
 import json
 import shlex
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_pretrain
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -174,9 +173,8 @@ def test_structured_linear_at_equal_block_flops(scale):
         assert abs(flops / blocks["dense"] - 1) < (0.03 if scale == "cpu" else 0.07), (kind, flops, blocks["dense"])
 
 
-def run_multirun(*overrides: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "pretrain.py", "-m", *overrides], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+def run_multirun(*overrides: str) -> subprocess.CompletedProcess:
+    return run_pretrain("-m", *overrides, in_process=True)
 
 
 def test_multirun_dryrun_launches_every_job(tmp_path):

@@ -8,7 +8,7 @@ import statistics
 
 import conftest
 import pytest
-from conftest import last_line_path, one_line_error, run_pretrain
+from conftest import last_line_path, one_line_error
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=16"]
 run_eval = functools.partial(conftest.run_eval, "eval=ner", *FAST)
@@ -44,7 +44,7 @@ def data_dir(tmp_path):
 
 def test_ner_end_to_end(smoke_checkpoint, data_dir, tmp_path):
     result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data_dir}", "eval.seeds=2",
-                      "eval.baseline=random-init", tmp_path=tmp_path)
+                      "eval.baseline=random-init", tmp_path=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     task = results["models"]["pretrained"]["tasks"]["conll2003"]
@@ -79,14 +79,11 @@ def test_bad_conll_input_is_one_line_exit_2_and_no_results(smoke_checkpoint, dat
     assert not (tmp_path / "eval" / "results.json").exists() and not (tmp_path / "results.csv").exists()
 
 
-def test_a_causal_checkpoint_tags_words_too(data_dir, tmp_path):
+def test_a_causal_checkpoint_tags_words_too(causal_checkpoint, data_dir, tmp_path):
     """A GPT-style checkpoint loads as a token classifier (each first piece sees its left context) and is scored."""
-    pretrain = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
-                            "name=causal", run_dir=tmp_path / "causal")
-    assert pretrain.returncode == 0, pretrain.stderr[-3000:]
-    checkpoint = last_line_path(pretrain, "checkpoint: ")
-    assert json.loads((checkpoint / "config.json").read_text())["objective"] == "clm"
-    result = run_eval(f"checkpoint={checkpoint}", f"eval.data_dir={data_dir}", tmp_path=tmp_path)
+    assert json.loads((causal_checkpoint / "config.json").read_text())["objective"] == "clm"
+    result = run_eval(f"checkpoint={causal_checkpoint}", f"eval.data_dir={data_dir}", tmp_path=tmp_path,
+                      in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     final = results["models"]["pretrained"]["tasks"]["conll2003"]["runs"][0]["final"]["dev"]

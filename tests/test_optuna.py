@@ -3,11 +3,9 @@ searching a preset's variants and a log-scaled learning rate at once, minimising
 pretrain.py returns, with the study kept in SQLite (resumable)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import run_pretrain
 from omegaconf import OmegaConf
 from test_experiments import SMOKE
 from test_sweep import TINY
@@ -24,13 +22,11 @@ def test_three_trials_minimise_the_validation_loss(tmp_path):
     assert int(sqlalchemy.__version__.split(".")[0]) < 2, (
         "the plugin's optuna 2.10 cannot keep a study in SQLAlchemy 2: pip install -e '.[optuna]' pins sqlalchemy<2")
     sweep, storage = tmp_path / "sweep", f"sqlite:///{tmp_path / 'study.db'}"
-    result = subprocess.run(
-        [sys.executable, "pretrain.py", "-m", "+experiment=topk-attention", "hydra/sweeper=optuna",
-         "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1", "hydra.sweeper.sampler.seed=0",
-         f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=smoke",
-         "train.lr=tag(log,interval(1e-4,1e-2))", *SMOKE, f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-    )
+    result = run_pretrain(
+        "-m", "+experiment=topk-attention", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=1", "hydra.sweeper.sampler.seed=0", f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=smoke", "train.lr=tag(log,interval(1e-4,1e-2))", *SMOKE, f"hydra.sweep.dir={sweep}",
+        in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     trials = {}
     for job in sorted(p for p in sweep.iterdir() if p.is_dir()):
@@ -56,12 +52,10 @@ def test_a_failed_trial_is_told_to_optuna_and_the_study_goes_on(tmp_path):
 
     sweep, storage = tmp_path / "sweep", f"sqlite:///{tmp_path / 'study.db'}"
     tiny = [o for o in TINY if not o.startswith("arch.num_heads=")]
-    result = subprocess.run(
-        [sys.executable, "pretrain.py", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2",
-         "hydra.sweeper.sampler.seed=0", f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=failing",
-         "arch.num_heads=choice(2,3)", *tiny, f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-    )
+    result = run_pretrain(
+        "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.seed=0",
+        f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=failing", "arch.num_heads=choice(2,3)", *tiny,
+        f"hydra.sweep.dir={sweep}", in_process=True)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 sweep jobs failed: ")

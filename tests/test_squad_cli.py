@@ -9,7 +9,7 @@ import random
 
 import conftest
 import pytest
-from conftest import last_line_path, one_line_error, run_pretrain
+from conftest import last_line_path, one_line_error
 
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=64",
         "eval.squad.doc_stride=16", "eval.squad.max_query_length=16"]
@@ -46,7 +46,7 @@ def write_squad(folder, version: str, n: int = 12, seed: int = 0):
 def test_squad_v11_and_v20_end_to_end(smoke_checkpoint, tmp_path):
     data = write_squad(write_squad(tmp_path / "squad", "v1.1"), "v2.0")
     result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={data}", "eval.tasks=[squad,squad_v2]", *FAST,
-                      tmp_path=tmp_path)
+                      tmp_path=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     path = last_line_path(result, "results: ")
     model = json.loads(path.read_text())["models"]["pretrained"]
@@ -67,13 +67,10 @@ def test_squad_v11_and_v20_end_to_end(smoke_checkpoint, tmp_path):
     assert float(row["squad"]) == pytest.approx(model["scores"]["squad"], abs=0.01) and row["squad_v2"]
 
 
-def test_a_causal_checkpoint_fine_tunes_on_squad(tmp_path):
-    pretrain = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
-                            "name=causal", run_dir=tmp_path / "run")
-    assert pretrain.returncode == 0, pretrain.stderr[-3000:]
+def test_a_causal_checkpoint_fine_tunes_on_squad(causal_checkpoint, tmp_path):
     data = write_squad(tmp_path / "squad", "v2.0", n=6)
-    result = run_eval(f"checkpoint={last_line_path(pretrain, 'checkpoint: ')}", f"eval.data_dir={data}",
-                      "eval.tasks=[squad_v2]", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}",
+                      "eval.tasks=[squad_v2]", *FAST, tmp_path=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (last_line_path(result, "results: ").parent / "predictions-squad_v2-seed0.json").is_file()
 

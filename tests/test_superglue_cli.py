@@ -25,7 +25,8 @@ METRICS = {"boolq": {"accuracy"}, "cb": {"accuracy", "f1_macro"}, "copa": {"accu
 
 
 def test_superglue_end_to_end(smoke_checkpoint, tmp_path):
-    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={FIXTURES}", *FAST, tmp_path=tmp_path)
+    result = run_eval(f"checkpoint={smoke_checkpoint}", f"eval.data_dir={FIXTURES}", *FAST, tmp_path=tmp_path,
+                      in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     model = results["models"]["pretrained"]

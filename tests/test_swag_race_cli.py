@@ -4,21 +4,24 @@ a two-step MLM checkpoint and once with a causal one; bad data: one `error:` lin
 import csv
 import json
 import os
+from unittest import mock
 
 import conftest
 import pytest
-from conftest import last_line_path, one_line_error, run_pretrain
+from conftest import last_line_path, one_line_error
 from test_swag_race import race_article, swag_row, write_race, write_swag
 
 pytestmark = pytest.mark.slow
 FAST = ["impl=cpu", "eval.recipe.epochs=1", "eval.recipe.batch_size=4", "eval.recipe.max_length=64"]
 
 
-def run_eval(preset, checkpoint, data, tmp_path, *overrides, in_process=False):
-    """in_process: the caller has taken SWAG_DIR and RACE_DIR out of this process's environment."""
-    env = None if in_process else {k: v for k, v in os.environ.items() if k not in ("SWAG_DIR", "RACE_DIR")}
-    return conftest.run_eval(f"eval={preset}", f"checkpoint={checkpoint}", f"eval.data_dir={data}", *FAST, *overrides,
-                             tmp_path=tmp_path, env=env, in_process=in_process)
+def run_eval(preset, checkpoint, data, tmp_path, *overrides):
+    """eval.py on `data`, with the user's SWAG_DIR and RACE_DIR out of sight."""
+    with mock.patch.dict(os.environ):
+        for name in ("SWAG_DIR", "RACE_DIR"):
+            os.environ.pop(name, None)
+        return conftest.run_eval(f"eval={preset}", f"checkpoint={checkpoint}", f"eval.data_dir={data}", *FAST,
+                                 *overrides, tmp_path=tmp_path, in_process=True)
 
 
 def csv_rows(tmp_path) -> list[dict]:
@@ -65,29 +68,24 @@ def test_race_end_to_end_per_level(smoke_checkpoint, tmp_path):
     assert {k: float(row[k]) for k in model["scores"]} == {k: round(v, 2) for k, v in model["scores"].items()}
 
 
-def test_a_causal_checkpoint_answers_multiple_choice(tmp_path):
-    result = run_pretrain("arch=gpt-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "train.max_steps=2",
-                          "name=clm", run_dir=tmp_path / "clm")
-    assert result.returncode == 0, result.stderr[-3000:]
-    checkpoint = last_line_path(result, "checkpoint: ")
-    assert json.loads((checkpoint / "config.json").read_text())["objective"] == "clm"
+def test_a_causal_checkpoint_answers_multiple_choice(causal_checkpoint, tmp_path):
+    assert json.loads((causal_checkpoint / "config.json").read_text())["objective"] == "clm"
     data = write_race(tmp_path / "race", articles=1)
-    result = run_eval("race", checkpoint, data, tmp_path, "eval.tasks=[race-middle]", "eval.recipe.max_length=2048")
+    result = run_eval("race", causal_checkpoint, data, tmp_path, "eval.tasks=[race-middle]",
+                      "eval.recipe.max_length=2048")
     finished(result, "race-middle", 4)
     assert "is cut to" not in result.stdout  # rotary positions: no table, so no limit (arch.max_seq_length is 1024)
 
 
-def test_bad_data_is_one_line_and_exit_2(smoke_checkpoint, tmp_path, monkeypatch):
-    monkeypatch.delenv("SWAG_DIR", raising=False)
-    monkeypatch.delenv("RACE_DIR", raising=False)
+def test_bad_data_is_one_line_and_exit_2(smoke_checkpoint, tmp_path):
     bad = swag_row(1, 1, endings=["a", "b", "c", ""])
     data = write_swag(tmp_path / "swag", [swag_row(0, 0), bad])
-    one_line_error(run_eval("swag", smoke_checkpoint, data, tmp_path, in_process=True), "train.csv line 3",
+    one_line_error(run_eval("swag", smoke_checkpoint, data, tmp_path), "train.csv line 3",
                    "ending3 empty")
     data = write_race(tmp_path / "race")
     (data / "train" / "middle" / "2.txt").write_text('{"article": "a",\n "questions": [}')
-    one_line_error(run_eval("race", smoke_checkpoint, data, tmp_path, in_process=True),
+    one_line_error(run_eval("race", smoke_checkpoint, data, tmp_path),
                    "middle/2.txt line 2: not valid JSON")
-    offline = run_eval("swag", smoke_checkpoint, "null", tmp_path, in_process=True)
+    offline = run_eval("swag", smoke_checkpoint, "null", tmp_path)
     one_line_error(offline, "swag: the hub dataset 'allenai/swag' is unreachable", "eval.data_dir=")
     assert not (tmp_path / "eval" / "results.json").exists() and not (tmp_path / "results.csv").exists()

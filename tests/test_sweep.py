@@ -21,7 +21,7 @@ TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "a
 
 def test_a_two_by_two_multirun_writes_four_runs_and_a_manifest(tmp_path):
     result = run_pretrain("-m", *TINY, "arch.position=learned,rotary", "train.lr=1e-3,2e-3",
-                          f"hydra.sweep.dir={tmp_path}")
+                          f"hydra.sweep.dir={tmp_path}", in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((tmp_path / "manifest.json").read_text())["jobs"]
     assert [job["job"] for job in manifest] == [0, 1, 2, 3]
@@ -52,7 +52,7 @@ def test_eval_after_fine_tunes_the_fresh_checkpoint(tmp_path):
     result = run_pretrain(*TINY, "eval_after=true",
                           f"eval_overrides=['eval.data_dir={glue}','eval.tasks=[rte]','eval.max_train_examples=64',"
                           "'eval.recipe.epochs=1','eval.recipe.max_length=64']",
-                          run_dir=tmp_path, timeout=600)
+                          run_dir=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["complete"] and results["checkpoint"] == str(tmp_path / "checkpoint")
@@ -86,7 +86,7 @@ def test_a_failing_job_does_not_end_the_sweep(tmp_path):
     """The middle job's value composes but fails validation (3 heads do not divide 64): the other two still run,
     the manifest says which failed and why, and the sweep exits 1 with one line naming the failed job's log."""
     tiny = [o for o in TINY if not o.startswith("arch.num_heads=")]
-    result = run_pretrain("-m", *tiny, "arch.num_heads=2,3,4", f"hydra.sweep.dir={tmp_path}")
+    result = run_pretrain("-m", *tiny, "arch.num_heads=2,3,4", f"hydra.sweep.dir={tmp_path}", in_process=True)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     jobs = json.loads((tmp_path / "manifest.json").read_text())["jobs"]

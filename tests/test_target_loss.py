@@ -69,7 +69,7 @@ def test_a_tiny_pretrain_with_a_loose_target_ends_early(tmp_path):
     0.03 h budget; the run ends there, the final validation still runs, and the summary says when."""
     result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "name=race",
                           "budget=0.03", "train.validate_every_minutes=0.01", "train.target_loss=7.2",
-                          run_dir=tmp_path)
+                          run_dir=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "target reached: validation loss" in result.stdout
     summary = json.loads((tmp_path / "checkpoint" / "train_summary.json").read_text())

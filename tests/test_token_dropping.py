@@ -242,7 +242,8 @@ def test_resuming_gives_the_same_weights_and_importance_bitwise(sigterm_at, tmp_
 
 def test_a_cli_run_drops_tokens_end_to_end(tmp_path):
     result = run_pretrain("arch=crammed-bert-tiny", "impl=cpu", "train=cpu-smoke", "data=sanity", "name=td",
-                          "train.max_steps=3", "arch.token_dropping.keep=0.5", run_dir=tmp_path)
+                          "train.max_steps=3", "arch.token_dropping.keep=0.5", run_dir=tmp_path,
+                          in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     weights = load_file(tmp_path / "checkpoint" / "model.safetensors")
     vocab = weights["token_importance.loss"].shape[0]

@@ -19,7 +19,8 @@ def assert_nothing_written(tmp_path):
 def test_zero_shot_end_to_end(causal_checkpoint, tmp_path):
     data, _ = write_tasks(tmp_path)
     result = run_eval("eval=zero-shot", f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}",
-                      "eval.tasks=[hellaswag,generic]", "eval.baseline=random-init", tmp_path=tmp_path)
+                      "eval.tasks=[hellaswag,generic]", "eval.baseline=random-init", tmp_path=tmp_path,
+                      in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(last_line_path(result, "results: ").read_text())
     for label in ("pretrained", "random-init"):
@@ -77,7 +78,7 @@ def test_lm_eval_end_to_end_offline(causal_checkpoint, tmp_path):
     assert set(scores) == {"zs_hellaswag/acc", "zs_hellaswag/acc_norm"}
     assert "| model | zs_hellaswag/acc | zs_hellaswag/acc_norm | avg |" in result.stdout
     builtin = run_eval("eval=zero-shot", f"checkpoint={causal_checkpoint}", f"eval.data_dir={data}",
-                       tmp_path=tmp_path / "builtin")
+                       tmp_path=tmp_path / "builtin", in_process=True)
     assert builtin.returncode == 0, builtin.stderr[-3000:]
     ours = json.loads(last_line_path(builtin, "results: ").read_text())["models"]["pretrained"]["scores"]
     assert ours == pytest.approx({k.replace("zs_", ""): v for k, v in scores.items()})
