@@ -1,4 +1,4 @@
-"""eval's one prediction loop (finetune.in_chunks): every item predicted once, each prediction landing on its own
+"""eval's one prediction loop (finetune.predict): every item predicted once, each prediction landing on its own
 item whatever the chunking and the length sort, for the sequence classifier and the token tagger alike."""
 
 import contextlib
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from cramming.eval.classifier_head import Classifier, Row
-from cramming.eval.finetune import PREDICT_BATCHES, in_chunks, predict
+from cramming.eval.finetune import PREDICT_BATCHES, predict
 from cramming.eval.token_head import Tagger, Words
 
 LABELS = 3
@@ -31,16 +31,20 @@ def rows(count: int = 37, seed: int = 0) -> list[list[int]]:
 
 
 def test_every_item_is_predicted_once_in_chunks_of_the_predict_batches():
+    """Chunks of PREDICT_BATCHES training batches (the last one shorter), shortest rows first, every row once."""
     ids = rows()
-    seen = [i for chunk, _ in in_chunks(len(ids), 2, contextlib.nullcontext, lambda c: None,
-                                        length=lambda i: len(ids[i])) for i in chunk]
-    assert sorted(seen) == list(range(len(ids)))
-    chunks = [chunk for chunk, _ in in_chunks(len(ids), 2, contextlib.nullcontext, lambda c: None)]
-    assert [len(c) for c in chunks[:-1]] == [2 * PREDICT_BATCHES] * (len(chunks) - 1)
-    sorted_chunks = [chunk for chunk, _ in in_chunks(len(ids), 2, contextlib.nullcontext, lambda c: None,
-                                                     length=lambda i: len(ids[i]))]
-    lengths = [len(ids[i]) for chunk in sorted_chunks for i in chunk]
-    assert lengths == sorted(lengths)  # shortest first: a chunk pads little
+    seen = []
+
+    class Recorder(RowModel):
+        def forward(self, input_ids, attention_mask):
+            seen.append(attention_mask.sum(-1).tolist())  # each row's length, in the chunk's order
+            return super().forward(input_ids, attention_mask)
+
+    task = SimpleNamespace(label_names=[str(k) for k in range(LABELS)])
+    predict(Classifier(), Recorder(), [Row(row, 0) for row in ids], task, 2, 0, "cpu", contextlib.nullcontext)
+    assert [len(chunk) for chunk in seen[:-1]] == [2 * PREDICT_BATCHES] * (len(seen) - 1)
+    lengths = [n for chunk in seen for n in chunk]
+    assert lengths == sorted(len(row) for row in ids)  # each row once, shortest first: a chunk pads little
 
 
 def test_the_classifier_predicts_each_row_its_own_label():

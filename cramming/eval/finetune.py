@@ -133,28 +133,18 @@ def build_optimizer(model, recipe, fused: bool = True) -> torch.optim.AdamW:
                              weight_decay=recipe.weight_decay, fused=fused)
 
 
-def in_chunks(count: int, batch_size: int, autocast, forward, length=None):
-    """Every head's dev-set prediction loop: the items 0..count-1 in chunks of PREDICT_BATCHES training batches
-    (shortest first when `length` is given, so a chunk pads little); yields each chunk's indices with
-    forward(chunk), run under autocast. run_epochs calls the heads' predict under inference_mode."""
-    order = sorted(range(count), key=length) if length else list(range(count))
-    step = batch_size * PREDICT_BATCHES
-    for start in range(0, count, step):
-        chunk = order[start:start + step]
-        with autocast():
-            out = forward(chunk)
-        yield chunk, out
-
-
 def predict(head: Head, model, items: list, task: TaskData, batch_size: int, pad_id: int, device, autocast) -> list:
-    """Every item's prediction, in the items' order (run_epochs calls it under inference_mode)."""
+    """Every item's prediction, in the items' order: every head's dev-set loop. Chunks of PREDICT_BATCHES training
+    batches, shortest items first so that a chunk pads little (run_epochs calls it under inference_mode)."""
+    order = sorted(range(len(items)), key=lambda i: head.length(items[i]))
     out = [None] * len(items)
-
-    def forward(chunk):
-        return model(**head.collate([items[i] for i in chunk], pad_id, device))
-
-    for chunk, outputs in in_chunks(len(items), batch_size, autocast, forward, length=lambda i: head.length(items[i])):
-        for i, prediction in zip(chunk, head.decode(outputs, [items[i] for i in chunk], task)):
+    step = batch_size * PREDICT_BATCHES
+    for start in range(0, len(order), step):
+        chunk = order[start:start + step]
+        batch = [items[i] for i in chunk]
+        with autocast():
+            outputs = model(**head.collate(batch, pad_id, device))
+        for i, prediction in zip(chunk, head.decode(outputs, batch, task)):
             out[i] = prediction
     return out
 
