@@ -4,8 +4,6 @@ import csv
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 
 import pytest
 from conftest import REPO, last_line_path, needs_shared, one_line_error, run_eval
@@ -121,14 +119,12 @@ def test_custom_regression_is_inferred(smoke_checkpoint, tmp_path):
 
 def test_any_hugging_face_encoder_folder(smoke_checkpoint, tmp_path):
     """A plain BERT checkpoint (not ours) evaluates the same way."""
-    script = (
-        "import sys\nfrom transformers import AutoTokenizer, BertConfig, BertForMaskedLM\n"
-        f"tok = AutoTokenizer.from_pretrained({str(smoke_checkpoint)!r}, trust_remote_code=True)\n"
-        "cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,"
-        " intermediate_size=64, max_position_embeddings=128)\n"
-        f"BertForMaskedLM(cfg).save_pretrained({str(tmp_path / 'bert')!r}); tok.save_pretrained({str(tmp_path / 'bert')!r})\n"
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smoke_checkpoint, trust_remote_code=True)
+    BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64, max_position_embeddings=128)).save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
     rows = ["text,label"] + [f"example {i},{i % 2}" for i in range(30)]
     (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
     result = run_eval(f"checkpoint={tmp_path / 'bert'}", "eval=custom", f"eval.train_file={tmp_path}/t.csv",
