@@ -1,7 +1,6 @@
 """`python eval.py eval=swag` and `eval=race` end to end on tiny files in the original layouts (written here), with
 a two-step MLM checkpoint and once with a causal one; bad data: one `error:` line, exit 2, no results, no CSV row."""
 
-import csv
 import json
 import os
 from unittest import mock
@@ -24,11 +23,6 @@ def run_eval(preset, checkpoint, data, tmp_path, *overrides):
                                  *overrides, tmp_path=tmp_path, in_process=True)
 
 
-def csv_rows(tmp_path) -> list[dict]:
-    with open(tmp_path / "results.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def finished(result, key: str, n_dev: int):
     """results.json's pretrained model, checked: the key's accuracy is a count of right picks over n_dev."""
     assert result.returncode == 0, result.stderr[-3000:]
@@ -45,9 +39,7 @@ def test_swag_end_to_end(smoke_checkpoint, tmp_path):
     run = model["tasks"]["swag"]["runs"][0]
     assert run["final"] == {"dev": {"accuracy": model["scores"]["swag"]}}
     assert run["curve"][0]["train_examples"] == 12 and model["tasks"]["swag"]["recipe"]["lr"] == 2e-5  # the preset
-    assert "| model | SWAG | avg |" in result.stdout
-    (row,) = csv_rows(tmp_path)
-    assert float(row["swag"]) == round(model["scores"]["swag"], 2) and row["model"] == "pretrained"
+    assert "| model | SWAG | avg |" in result.stdout  # the CSV row: test_eval_kinds_cli, as for every benchmark
 
 
 def test_race_end_to_end_per_level(smoke_checkpoint, tmp_path):
@@ -64,8 +56,6 @@ def test_race_end_to_end_per_level(smoke_checkpoint, tmp_path):
     assert final["dev"]["accuracy"] == pytest.approx((12 * high + 8 * middle) / 20)
     assert model["scores"] == {"race": final["dev"]["accuracy"], "race-high": high, "race-middle": middle}
     assert "| model | RACE | RACE-h | RACE-m | avg |" in result.stdout
-    (row,) = csv_rows(tmp_path)
-    assert {k: float(row[k]) for k in model["scores"]} == {k: round(v, 2) for k, v in model["scores"].items()}
 
 
 def test_a_causal_checkpoint_answers_multiple_choice(causal_checkpoint, tmp_path):
