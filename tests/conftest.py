@@ -100,6 +100,7 @@ def run_command(script: str, args: list[str]) -> subprocess.CompletedProcess:
     repository root, its exit code and output caught. A new interpreter's imports cost about 5 s, most of a
     refusal's or a small evaluation's time; test_cli_errors keeps the entry points' contract in real subprocesses,
     and each command keeps one end-to-end test in one (test_eval_cli, test_pretrain_cli)."""
+    import torch
     import transformers
 
     from cramming.commands import eval_command, pretrain_command
@@ -122,6 +123,7 @@ def run_command(script: str, args: list[str]) -> subprocess.CompletedProcess:
         root.handlers[:] = handlers
         root.setLevel(level)
         transformers.logging.set_verbosity(verbosity)  # eval quiets transformers for its own run only
+        torch.set_flush_denormal(False)  # pretraining and eval turn it on for their run; a new process has it off
         (transformers.logging.enable_progress_bar if bars else transformers.logging.disable_progress_bar)()
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
