@@ -180,6 +180,18 @@ def causal_checkpoint(tmp_path_factory) -> Path:
     return Path(built_once(tmp_path_factory, "causal-checkpoint", build))
 
 
+def glue_folder(root: Path, train: int = 48, dev: int = 16) -> Path:
+    """A glue_data/ folder holding a small RTE in the original layout (header, tab-separated, string labels)."""
+    rte = root / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    for split, rows in (("train", train), ("dev", dev)):
+        lines = ["index\tsentence1\tsentence2\tlabel"] + [
+            f"{i}\tThe cat number {i} sat on the mat.\tA cat sat.\t{'entailment' if i % 2 else 'not_entailment'}"
+            for i in range(rows)]
+        (rte / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return root / "glue"
+
+
 def one_line_error(result, *fragments):
     """The bad-input contract: exit code 2, no traceback, exactly one `error:` line holding each fragment."""
     assert result.returncode == 2, (result.stdout[-1500:], result.stderr[-1500:])

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import last_line_path, run_eval
+from conftest import glue_folder, last_line_path, run_eval
 from test_ner_cli import SENTENCES, conll
 from test_squad_cli import write_squad
 from test_superglue_cli import FIXTURES as SUPERGLUE
@@ -27,13 +27,7 @@ TWO_SEEDS = ["eval.seeds=2"]  # the fine-tuned kinds: a median over seeds; the s
 
 
 def rte(root: Path) -> list[str]:
-    folder = root / "glue" / "RTE"
-    folder.mkdir(parents=True)
-    for split, count in (("train", 24), ("dev", 8)):
-        rows = [f"{i}\tThe cat number {i} sat on the mat.\tA cat sat.\t{'entailment' if i % 2 else 'not_entailment'}"
-                for i in range(count)]
-        (folder / f"{split}.tsv").write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows) + "\n")
-    return [f"eval.data_dir={root / 'glue'}", "eval.tasks=[rte]", *TWO_SEEDS]
+    return [f"eval.data_dir={glue_folder(root, train=24, dev=8)}", "eval.tasks=[rte]", *TWO_SEEDS]
 
 
 def custom(root: Path) -> list[str]:

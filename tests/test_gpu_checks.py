@@ -14,25 +14,13 @@ import tarfile
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO
+from conftest import REPO, glue_folder
 
 spec = importlib.util.spec_from_file_location("gpu_checks", REPO / "scripts" / "gpu_checks.py")
 gpu_checks = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_checks)
 STEPS = ["product", "product_eval", "product_sdpa", "kernels", "bench_gpu", *gpu_checks.ENGINES,
          *gpu_checks.FEATURES]
-
-
-def glue_folder(tmp_path):
-    """A glue_data/ folder with a small RTE in the original layout, as .glue/ carries the real one."""
-    rte = tmp_path / "glue" / "RTE"
-    rte.mkdir(parents=True)
-    for split, rows in (("train", 48), ("dev", 16)):
-        lines = ["index\tsentence1\tsentence2\tlabel"] + [
-            f"{i}\tThe cat number {i} sat on the mat.\tA cat sat.\t{'entailment' if i % 2 else 'not_entailment'}"
-            for i in range(rows)]
-        (rte / f"{split}.tsv").write_text("\n".join(lines) + "\n")
-    return tmp_path / "glue"
 
 
 def rehearse(tmp_path, hide: list[str], wheels) -> subprocess.CompletedProcess:
