@@ -220,8 +220,7 @@ BENCHMARK = '''
     in the sentence odd? Generated, so it needs no data folder."""
     import random
 
-    from cramming.eval.benchmarks import Benchmark
-    from cramming.eval.kinds import BENCHMARKS
+    from cramming.eval.kinds import BENCHMARKS, Benchmark
     from cramming.eval.tasks import Example, TaskData
 
 

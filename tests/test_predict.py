@@ -1,11 +1,13 @@
 """eval's one prediction loop (finetune.predict): every item predicted once, each prediction landing on its own
-item whatever the chunking and the length sort, for the sequence classifier and the token tagger alike."""
+item whatever the chunking and the length sort, for the sequence classifier and the token tagger alike; and the
+Head protocol every head fills, with its default loss."""
 
 import contextlib
 import random
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from cramming.eval.classifier_head import Classifier, Row
@@ -73,11 +75,11 @@ def test_the_tagger_tags_each_words_first_piece():
 def test_every_head_fills_the_protocol_or_says_it_trains_nothing():
     """A registered head either trains (each of Head's required methods its own, not the protocol's empty one) or
     is a function with the `untrained` trait: finetune() and run_task() can run every one. length and collate
-    have a default, for items that are one row of ids."""
+    have a default, for items that are one row of ids; loss one, the model's own against each item's label."""
     from cramming.eval.finetune import Head
     from cramming.eval.kinds import HEADS
 
-    required = ("build", "encode", "loss", "decode")
+    required = ("build", "encode", "decode")
     for name, head in HEADS.items():
         if HEADS.trait(head, "untrained"):
             assert callable(head), name
@@ -85,3 +87,33 @@ def test_every_head_fills_the_protocol_or_says_it_trains_nothing():
         assert Head in type(head).__mro__, name  # declared as one: it inherits max_length, answers, record
         missing = [m for m in required if getattr(type(head), m) is getattr(Head, m)]
         assert missing == [], (name, missing)
+
+
+@pytest.mark.parametrize("labels", [[0, 2, 1, 2], [0.5, -1.0, 2.0, 0.25]], ids=["classes", "regression"])
+def test_a_heads_default_loss_is_cross_entropy_or_mse_against_each_items_label(labels):
+    """The classifier and the multiple-choice head train on the Head protocol's default loss: the model's own
+    against each item's label, which for a sequence classifier is cross-entropy over its classes, or mean squared
+    error on its one output for a task without label names (STS-B); for multiple choice, cross-entropy over the
+    question's choices."""
+    from cramming.eval.multiple_choice_head import MultipleChoice, Question
+    from cramming.model import CrammedConfig, CrammedForMultipleChoice, CrammedForSequenceClassification
+
+    torch.manual_seed(0)
+    tiny = {"vocab_size": 50, "hidden_size": 32, "num_layers": 1, "num_heads": 4, "ffn_size": 64,
+            "max_seq_length": 16}
+    regression = isinstance(labels[0], float)
+    model = CrammedForSequenceClassification(CrammedConfig(**tiny, num_labels=1 if regression else 3,
+                                                           problem_type="regression" if regression else None)).eval()
+    items = [Row(ids, label) for ids, label in zip(rows(4), labels)]
+    inputs = Classifier().collate(items, 0, "cpu")
+    logits, target = model(**inputs).logits, torch.tensor(labels)
+    expected = (torch.nn.functional.mse_loss(logits[:, 0], target) if regression
+                else torch.nn.functional.cross_entropy(logits, target))
+    torch.testing.assert_close(Classifier().loss(model, inputs, items), expected)
+    if regression:
+        return
+    chooser, head = CrammedForMultipleChoice(CrammedConfig(**tiny)).eval(), MultipleChoice()  # no dropout
+    questions = [Question([ids, ids[::-1], [7, *ids]], label) for ids, label in zip(rows(4), labels)]
+    inputs = head.collate(questions, 0, "cpu")
+    expected = torch.nn.functional.cross_entropy(chooser(**inputs).logits, torch.tensor(labels))
+    torch.testing.assert_close(head.loss(chooser, inputs, questions), expected)

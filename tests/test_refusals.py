@@ -277,7 +277,7 @@ PRETRAIN = [
 
 EVAL = [
     # eval.*: ranges and the benchmark's tasks (cramming/eval/config.py RULES and REGISTRIES, walked by
-    # cramming/rules.py; the task list: cramming/eval/benchmarks.py; eval.per_task: cramming/validation/eval.py)
+    # cramming/rules.py; the task list: cramming/eval/kinds.py; eval.per_task: cramming/validation/eval.py)
     row("eval.tasks=[glue9]", "eval.tasks='glue9'", "glue-task-unknown", FAST),
     row("eval.seeds=0", "eval.seeds", "seeds-zero", FAST),
     row("eval.recipe.schedule=zigzag", "schedule", "recipe-schedule-unknown", FAST),
@@ -298,7 +298,7 @@ EVAL = [
         "zero-shot-several-seeds", ZERO_SHOT),
     row("eval.tasks=[h]", "eval.data_dir", "zero-shot-without-data-dir", ZERO_SHOT),
 
-    # eval=superglue (cramming/eval/superglue.py; a task listed twice: cramming/eval/benchmarks.py)
+    # eval=superglue (cramming/eval/superglue.py; a task listed twice: cramming/eval/kinds.py)
     row("eval.tasks=[boolq,axb]", "axb is predicted by the RTE model: add rte", "superglue-diagnostic-without-rte",
         SUPERGLUE),
     row("eval.tasks=[boolq,sst2]", "eval.tasks='sst2' is not a valid option", "superglue-task-unknown", SUPERGLUE),

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from cramming.errors import UserError
-from cramming.eval.squad import fit_length
+from cramming.eval.squad import Window, best_span, decode_answers, encode_windows, fit_length
 from cramming.eval.squad_data import (
     SQUAD_TASKS,
     SquadExample,
@@ -21,7 +21,6 @@ from cramming.eval.squad_data import (
     read_squad_hub,
 )
 from cramming.eval.squad_metrics import f1, normalize_answer, question_scores, squad_scores
-from cramming.eval.squad_windows import Window, best_span, decode_answers, encode_windows
 
 
 def word_tokenizer(words) -> PreTrainedTokenizerFast:

@@ -15,7 +15,7 @@ from cramming.cli import CONF
 from cramming.errors import UserError
 from cramming.eval import superglue
 from cramming.eval import superglue_metrics as m
-from cramming.eval.candidates_head import logistic_loss, softmax_loss
+from cramming.eval.multiple_choice_head import logistic_loss, softmax_loss
 from cramming.eval.span_head import SpanPairClassifier
 from cramming.eval.superglue import SUPERGLUE_TASKS, load_superglue_task
 from cramming.validation.eval import load_eval_config

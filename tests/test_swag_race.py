@@ -15,7 +15,16 @@ from cramming.errors import UserError
 from cramming.eval.config import EvalConfig
 from cramming.eval.finetune import score
 from cramming.eval.kinds import BENCHMARKS, HEADS
-from cramming.eval.multiple_choice_head import ChoiceExample, collate_choices, encode_choices, token_limit
+from cramming.eval.multiple_choice_head import (
+    CandidateScoring,
+    ChoiceExample,
+    MultipleChoice,
+    Question,
+    collate_choices,
+    encode_choices,
+    softmax_loss,
+    token_limit,
+)
 from cramming.eval.swag_race import fill_blank, load_race, load_swag
 
 HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
@@ -171,6 +180,16 @@ def test_the_context_is_cut_and_every_choice_survives():
     batch = collate_choices(encode_choices(tokenizer, [example, ChoiceExample("w1", ["c0"] * 4, 0)], 10), 0, "cpu")
     assert batch["input_ids"].shape == (2, 4, 10) and batch["attention_mask"][1].sum(-1).tolist() == [5] * 4
 
+
+
+def test_a_question_is_as_long_as_its_padded_rows():
+    """Both choice heads bucket a question by what padding it costs: its rows times the longest (finetune.predict
+    sorts by it too); a question of many short rows is not shorter than one of two long ones."""
+    many_short, two_long = Question([[1] * 3] * 8, 0), Question([[1] * 9, [1] * 5], 1)
+    for head in (MultipleChoice(), CandidateScoring(softmax_loss)):
+        assert head.length(many_short) == 24 and head.length(two_long) == 18
+        cells = head.collate([two_long], 0, "cpu")["input_ids"].numel()
+        assert head.length(two_long) == cells
 
 def test_accuracy_is_the_percentage_of_right_picks(tmp_path):
     rows = [swag_row(i, label) for i, label in enumerate((0, 3, 2, 1, 1))]

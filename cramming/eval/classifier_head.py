@@ -4,7 +4,6 @@ regression: one output, mean squared error), the argmax (or the output) as the p
 
 from dataclasses import dataclass
 
-import torch
 from transformers import AutoModelForSequenceClassification
 
 from .finetune import Head, auto_model
@@ -37,10 +36,6 @@ class Classifier(Head):
     def encode(self, tokenizer, task, rows, max_length):
         cast = float if task.label_names is None else int
         return [Row(ids, cast(row.label)) for ids, row in zip(encode_texts(tokenizer, rows, max_length), rows)]
-
-    def loss(self, model, inputs, items):
-        labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)
-        return model(**inputs, labels=labels).loss
 
     def decode(self, outputs, items, task):
         logits = outputs.logits.float()

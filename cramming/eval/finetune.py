@@ -70,7 +70,9 @@ class Head(Protocol):
         return collate([item.ids for item in items], pad_id, device)
 
     def loss(self, model, inputs: dict, items: list) -> torch.Tensor:
-        """The batch's loss (run under autocast)."""
+        """The batch's loss (run under autocast): the model's own, against each item's `label`."""
+        labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)
+        return model(**inputs, labels=labels).loss
 
     def decode(self, outputs, items: list, task: TaskData) -> list:
         """One prediction per item from the model's outputs."""

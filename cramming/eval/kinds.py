@@ -1,11 +1,16 @@
-"""Every benchmark `eval.kind` can name and every fine-tuning head, declared and registered here, in one place:
-the benchmarks' fields read side by side (benchmarks.py says what each means), each family's reader, checks and
-metric in its own module. Validation, the recipe and docs/options.md read these registries. A benchmark or head of
-your own registers itself the same way from a file named in $CRAMMING_PLUGINS."""
+"""What `eval.kind` names: a Benchmark, the one declared interface of a task family, and every benchmark and
+fine-tuning head registered here, in one place. A benchmark's reader turns one task's files (or hub rows) into a
+TaskData, whose `head` (finetune.Head) fine-tunes it and whose metric scores it; the rest says which tasks run and
+how their scores add up. Each family's reader, checks and metric live in its own module; validation, the recipe and
+docs/options.md read these registries. A benchmark or head of your own registers itself the same way from a file
+named in $CRAMMING_PLUGINS."""
 
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from ..errors import check, check_choice
 from ..registry import Registry
 from . import (
-    candidates_head,
     classifier_head,
     custom,
     harness,
@@ -20,10 +25,47 @@ from . import (
     token_head,
     zero_shot,
 )
-from .benchmarks import Benchmark
 from .finetune import HEADS
 from .results import glue_summary
 from .superglue_metrics import SUPERGLUE_SET, superglue_average
+
+
+def listed_tasks(e) -> list[str]:
+    return list(e.tasks)
+
+
+def no_average(scores: dict, e) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """Every field a benchmark has, each declared where it is made (no defaults inherited from another
+    benchmark). `e` below is the run's EvalConfig."""
+
+    title: str  # its name in tables, messages and the model card
+    summary_key: str  # results.json: models.<label>.<summary_key> holds its average (null where it has none)
+    load: Callable  # load(task, e) -> TaskData: the reader, every row read and checked before any training
+    task_table: Collection[str] | None = None  # the names eval.tasks may take; None where they are free
+    columns: tuple[tuple[str, str], ...] = ()  # the printed table's (title, score key) in order; others follow
+    average_set: tuple[str, ...] = ()  # its published average's tasks: one left out makes a run not comparable
+    summarise: Callable = no_average  # summarise(scores, e) -> its average over the table's scores, or None
+    check: Callable | None = None  # check(e): what it refuses beyond the task names (UserError)
+    trained: Callable = listed_tasks  # trained(e) -> the tasks fine-tuned (one model per seed), in order
+    check_model: Callable | None = None  # check_model(the checkpoint's config): the checkpoints it refuses
+    skippable: bool = False  # eval.skip_missing applies (a trait of BENCHMARKS)
+    published: bool = True  # its tasks have published scores (a trait of BENCHMARKS)
+
+    def validate(self, e) -> None:
+        """eval.tasks: at least one, each from task_table (where it has one), none twice; then its own checks."""
+        if self.task_table is not None:
+            check(bool(e.tasks), "eval.tasks", e.tasks, "name at least one task")
+            for task in e.tasks:
+                check_choice("eval.tasks", task, self.task_table)
+            check(len(set(e.tasks)) == len(e.tasks), "eval.tasks", e.tasks, f"a {self.title} task is listed twice")
+        if self.check is not None:
+            self.check(e)
+
 
 BENCHMARKS = Registry("benchmark", traits={  # eval.kind
     "skippable": "eval.skip_missing applies: a task whose data is missing is skipped, not an error",
@@ -73,8 +115,8 @@ BENCHMARKS.register("lm-eval", about="eval.tasks are lm-eval task names (its own
 HEADS.register("classifier")(classifier_head.Classifier())  # GLUE, SuperGLUE's pairs, your own task
 HEADS.register("tokens")(token_head.Tagger())  # NER
 HEADS.register("multiple-choice")(multiple_choice_head.MultipleChoice())  # SWAG, RACE
-HEADS.register("choice")(candidates_head.CandidateScoring(candidates_head.softmax_loss))  # COPA
-HEADS.register("candidates")(candidates_head.CandidateScoring(candidates_head.logistic_loss))  # ReCoRD
+HEADS.register("choice")(multiple_choice_head.CandidateScoring(multiple_choice_head.softmax_loss))  # COPA
+HEADS.register("candidates")(multiple_choice_head.CandidateScoring(multiple_choice_head.logistic_loss))  # ReCoRD
 HEADS.register("span-pair")(span_head.SpanPairs())  # WSC
 HEADS.register("squad")(squad.Squad())
 HEADS.register("zero-shot", untrained=True)(zero_shot.zero_shot)  # the checkpoint scores the items as it is

@@ -1,21 +1,31 @@
-"""The "multiple-choice" head (SWAG, RACE): AutoModelForMultipleChoice on (batch, choices, tokens) inputs.
+"""The heads that pick one of a question's choices: "multiple-choice" (SWAG, RACE) and candidate scoring (COPA,
+ReCoRD). Each choice is encoded with its context as the pair (context, choice) and scored by one logit.
 
-Each choice is encoded with its context as the pair (context, choice) and scored by one logit; the loss is the
-model's own cross-entropy over a question's choices and the prediction its argmax, scored as accuracy in percent
-(GLUE's metrics). Truncation cuts the context only, so every choice survives whole: a passage question is answered
-from the passage's beginning, never from half an option. Only a choice too long to fit beside one context token
-is cut too (longest_first). Rows are padded per batch and bucketed by length (finetune.run_epochs).
+"multiple-choice" is AutoModelForMultipleChoice on (batch, choices, tokens) inputs: its own cross-entropy over a
+question's choices, the argmax as prediction, scored as accuracy in percent (GLUE's metrics). Truncation cuts the
+context only, so every choice survives whole: a passage question is answered from the passage's beginning, never
+from half an option. Only a choice too long to fit beside one context token is cut too (longest_first).
+
+Candidate scoring follows the SuperGLUE BERT baseline: a one-logit sequence classifier on each (context, option)
+pair, the best-scoring option the answer. COPA trains that score with a softmax over its two choices; ReCoRD, whose
+queries may have several right entities, trains each entity's score on its own with a logistic loss ("the
+probability of each candidate independent of the others", as the baseline did).
 """
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import AutoModelForMultipleChoice
 
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
+from .classifier_head import build_classifier
 from .finetune import Head, auto_model, collate
 
 
@@ -55,11 +65,12 @@ def encode_choices(tokenizer, examples, max_length: int) -> list[list[list[int]]
                             max_length=max_length)["input_ids"]
             for i, row in zip(rows, ids):
                 flat[i] = row
-    out, start = [], 0
-    for e in examples:
-        out.append(flat[start:start + len(e.choices)])
-        start += len(e.choices)
-    return out
+    return per_question(flat, [len(e.choices) for e in examples])
+
+
+def per_question(flat: list, counts: list[int]) -> list[list]:
+    """The flat list of every question's rows, cut back into one list per question."""
+    return [flat[start:end] for start, end in pairwise(np.cumsum([0, *counts]))]
 
 
 def collate_choices(questions: list[list[list[int]]], pad_id: int, device) -> dict:
@@ -81,13 +92,20 @@ def effective_length(model_config, max_length: int, label: str) -> int:
 
 @dataclass
 class Question:
-    """One question, encoded: a (context, choice) row per choice."""
+    """One question, encoded: a (context, choice) row per choice, and the right one (candidates: every right one)."""
 
     rows: list[list[int]]
-    label: int
+    label: int | list[int]
 
 
-class MultipleChoice(Head):
+class Choices(Head):
+    """An item is a question: as long as its rows padded to the longest."""
+
+    def length(self, item):
+        return max(map(len, item.rows)) * len(item.rows)
+
+
+class MultipleChoice(Choices):
     def build(self, checkpoint, task, recipe, random_init):
         return auto_model(AutoModelForMultipleChoice, checkpoint, random_init, recipe.dropout)
 
@@ -97,15 +115,59 @@ class MultipleChoice(Head):
     def encode(self, tokenizer, task, rows, max_length):
         return [Question(ids, row.label) for ids, row in zip(encode_choices(tokenizer, rows, max_length), rows)]
 
-    def length(self, item):
-        return max(map(len, item.rows)) * len(item.rows)
-
     def collate(self, items, pad_id, device):
         return collate_choices([item.rows for item in items], pad_id, device)
 
-    def loss(self, model, inputs, items):
-        labels = torch.tensor([item.label for item in items], device=inputs["input_ids"].device)
-        return model(**inputs, labels=labels).loss
-
     def decode(self, outputs, items, task):
         return outputs.logits.float().argmax(-1).tolist()
+
+
+# ---------------------------------------------------------------- candidate scoring (COPA, ReCoRD)
+
+
+def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:
+    """Token ids of every (context, option) pair, per question; truncation cuts the context first."""
+    contexts = [q.context for q in questions for _ in q.options]
+    options = [o for q in questions for o in q.options]
+    ids = tokenizer(contexts, options, truncation="longest_first", max_length=max_length)["input_ids"]
+    return per_question(ids, [len(q.options) for q in questions])
+
+
+def softmax_loss(logits: torch.Tensor, sizes: list[int], golds: list[list[int]]) -> torch.Tensor:
+    """Cross-entropy over each question's options (COPA: its one right choice)."""
+    losses = [F.cross_entropy(chunk[None], torch.tensor([gold[0]], device=chunk.device))
+              for chunk, gold in zip(torch.split(logits, sizes), golds)]
+    return torch.stack(losses).mean()
+
+
+def logistic_loss(logits: torch.Tensor, sizes: list[int], golds: list[list[int]]) -> torch.Tensor:
+    """Each option on its own: is it a right answer? (ReCoRD: none, one or several per query.)"""
+    targets = torch.zeros_like(logits)
+    offsets = np.cumsum([0, *sizes[:-1]])
+    for offset, gold in zip(offsets, golds):
+        targets[[int(offset) + g for g in gold]] = 1.0
+    return F.binary_cross_entropy_with_logits(logits, targets)
+
+
+@dataclass(frozen=True)
+class CandidateScoring(Choices):
+    """A one-logit head over (context, option) pairs, trained with `objective`; the answer is the best option."""
+
+    objective: Callable  # (logits, options per question, golds) -> loss: softmax_loss or logistic_loss
+
+    def build(self, checkpoint, task, recipe, random_init):
+        return build_classifier(checkpoint, task, recipe.dropout, random_init)
+
+    def encode(self, tokenizer, task, rows, max_length):
+        return [Question(ids, row.gold) for ids, row in zip(encode_options(tokenizer, rows, max_length), rows)]
+
+    def collate(self, items, pad_id, device):
+        return collate([row for item in items for row in item.rows], pad_id, device)
+
+    def loss(self, model, inputs, items):
+        logits = model(**inputs).logits[:, 0].float()
+        return self.objective(logits, [len(item.rows) for item in items], [item.label for item in items])
+
+    def decode(self, outputs, items, task):
+        scores = torch.split(outputs.logits[:, 0].float(), [len(item.rows) for item in items])
+        return [int(options.argmax()) for options in scores]

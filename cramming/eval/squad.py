@@ -1,14 +1,24 @@
 """eval=squad: extractive question answering on SQuAD v1.1 (task `squad`) and v2.0 (`squad_v2`).
 
 The model is the checkpoint's AutoModelForQuestionAnswering (a start and an end score per token; ours is
-model/heads.py), trained on the windows of squad_windows.py by finetune.run_epochs like every other head, and
-scored with the official metrics (squad_metrics.py) after each epoch. The last epoch's answers ({id: text}, the
-official scripts' input) go back with the run, and the recipe writes them beside results.json.
+model/heads.py), fine-tuned by finetune.run_epochs like every other head and scored with the official metrics
+(squad_metrics.py) after each epoch. The last epoch's answers ({id: text}, the official scripts' input) go back
+with the run, and the recipe writes them beside results.json.
+
+A context longer than the window is cut into overlapping windows (the fast tokenizer's overflowing tokens,
+`doc_stride` tokens shared by neighbours, as Hugging Face's run_qa reads it), each holding the (cut) question
+first. A training window is labelled with the token positions of the answer when it holds the whole answer, else
+with position 0 (the [CLS] token of a BERT-style tokenizer): "no answer here", as BERT's run_squad did.
+Prediction looks at every window of a question: the best valid span (inside the context, end not before start,
+at most max_answer_length tokens) over the n_best start and end candidates, read back through the character
+offsets; SQuAD v2.0 answers nothing when the null score (start[0] + end[0], the lowest over the windows) beats
+that span by more than null_threshold.
 """
 
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from transformers import AutoModelForQuestionAnswering
 
@@ -19,7 +29,6 @@ from .config import recipe_for
 from .finetune import Head, auto_model
 from .squad_data import SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
-from .squad_windows import decode_answers, encode_windows
 from .tasks import TaskData
 
 SPECIAL_TOKENS = 4  # the most a pair template adds (RoBERTa's <s> q </s></s> c </s>): room left for the context
@@ -67,6 +76,100 @@ def fit_length(config, max_length: int) -> None:
                         f"(max_seq_length={limit}); set eval.recipe.max_length={limit} and eval.squad.doc_stride "
                         "below it minus max_query_length minus 4")
     config.max_seq_length = max_length
+
+
+# ---------------------------------------------------------------- windows and answers
+
+
+@dataclass
+class Window:
+    ids: list[int]
+    example: int  # index of its question in the examples
+    offsets: list[tuple[int, int] | None]  # per token: its characters in the context, None outside the context
+    start: int = 0  # label: the answer's first token, 0 when this window does not hold the answer
+    end: int = 0
+
+
+def cut_question(tokenizer, question: str, max_query_length: int) -> str:
+    """The question's text up to its max_query_length-th token (leading blanks dropped: a few SQuAD questions
+    start with many, which would only take window room)."""
+    question = question.lstrip()
+    offsets = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return question[:offsets[max_query_length - 1][1]] if len(offsets) > max_query_length else question
+
+
+def encode_windows(tokenizer, examples, max_length: int, options) -> list[Window]:
+    """Every window of every example, labelled with the first answer's tokens (training reads those)."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError("eval=squad needs a fast tokenizer (character offsets); this checkpoint's is not")
+    questions = [cut_question(tokenizer, e.question, options.max_query_length) for e in examples]
+    try:
+        encoded = tokenizer(questions, [e.context for e in examples], truncation="only_second", max_length=max_length,
+                            stride=options.doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)
+    except Exception as err:  # noqa: BLE001  a stride leaving no room: ValueError (transformers), Exception (Rust)
+        raise UserError(f"eval.squad.doc_stride={options.doc_stride} with eval.recipe.max_length={max_length} and "
+                        f"eval.squad.max_query_length={options.max_query_length}: no room for the context "
+                        f"({str(err).splitlines()[0][:120]}); lower doc_stride or raise max_length") from None
+    windows = []
+    for w, example in enumerate(encoded["overflow_to_sample_mapping"]):
+        sequence = encoded.sequence_ids(w)
+        offsets = [tuple(o) if s == 1 else None for o, s in zip(encoded["offset_mapping"][w], sequence)]
+        window = Window(encoded["input_ids"][w], example, offsets)
+        if examples[example].answers:
+            window.start, window.end = answer_tokens(offsets, *examples[example].answers[0])
+        windows.append(window)
+    return windows
+
+
+def answer_tokens(offsets, text: str, char_start: int) -> tuple[int, int]:
+    """(first, last) token of the answer's characters in this window, or (0, 0) when the window lacks any of them."""
+    char_end = char_start + len(text)
+    inside = [i for i, o in enumerate(offsets) if o is not None]
+    if not inside or offsets[inside[0]][0] > char_start or offsets[inside[-1]][1] < char_end:
+        return 0, 0
+    first = max(i for i in inside if offsets[i][0] <= char_start)
+    last = min(i for i in inside if offsets[i][1] >= char_end)
+    return first, last
+
+
+def best_span(offsets, start_logits, end_logits, n_best: int, max_answer_length: int):
+    """(score, char_start, char_end) of the best valid span in one window, or None when none is valid."""
+    length = len(offsets)
+    starts = np.argsort(start_logits[:length])[::-1][:n_best]
+    ends = np.argsort(end_logits[:length])[::-1][:n_best]
+    best = None
+    for i in starts:
+        if offsets[i] is None:
+            continue
+        for j in ends:
+            if offsets[j] is None or j < i or j - i + 1 > max_answer_length:
+                continue
+            score = float(start_logits[i] + end_logits[j])
+            if best is None or score > best[0]:
+                best = (score, offsets[i][0], offsets[j][1])
+    return best
+
+
+def decode_answers(examples, windows, start_logits, end_logits, options, version: int) -> dict[str, str]:
+    """{question id: predicted text} from every window's logits (lists of 1-d arrays, one per window)."""
+    per_example: dict[int, list[int]] = {}
+    for w, window in enumerate(windows):
+        per_example.setdefault(window.example, []).append(w)
+    answers = {}
+    for index, example in enumerate(examples):
+        best, null = None, None
+        for w in per_example.get(index, []):
+            span = best_span(windows[w].offsets, start_logits[w], end_logits[w], options.n_best,
+                             options.max_answer_length)
+            if span is not None and (best is None or span[0] > best[0]):
+                best = span
+            score = float(start_logits[w][0] + end_logits[w][0])
+            null = score if null is None else min(null, score)
+        text = "" if best is None else example.context[best[1]:best[2]]
+        if version == 2 and (best is None or null - best[0] > options.null_threshold):
+            text = ""
+        answers[example.id] = text
+    return answers
 
 
 class Squad(Head):
