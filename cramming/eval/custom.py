@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..errors import UserError, check, check_choice
-from .jsonl import json_objects
+from .files import json_objects
 from .tasks import Example, TaskData
 
 TASK_TYPES = ("classification", "regression")

@@ -14,6 +14,7 @@ from typing import ClassVar
 from ..errors import UserError
 from ..hub import hub_dataset
 from ..registry import Registry
+from .files import require_files
 
 
 @dataclass
@@ -122,9 +123,6 @@ def parse_squad(document, version: int, where: Where) -> list[SquadExample]:
 
 
 def read_squad_file(path: Path, version: int) -> list[SquadExample]:
-    if not path.is_file():
-        raise UserError(f"missing {path}; eval.data_dir must hold the official SQuAD files "
-                        f"(train-v1.1.json/dev-v1.1.json, train-v2.0.json/dev-v2.0.json)")
     raw = path.read_text(encoding="utf-8-sig")
     try:
         document = json.loads(raw)
@@ -158,7 +156,5 @@ def load_squad_examples(name: str, data_dir: str | None) -> tuple[SquadVersion, 
         return spec, read_squad_hub(spec, "train"), read_squad_hub(spec, "validation"), f"hub:{spec.hub}"
     folder = Path(data_dir)
     paths = [folder / f for f in spec.files]
-    for path in paths:  # both files present before either is parsed
-        if not path.is_file():
-            read_squad_file(path, spec.version)
+    require_files(spec.name, paths, f"hold the official SQuAD files ({'/'.join(spec.files)})")
     return spec, *(read_squad_file(p, spec.version) for p in paths), str(folder)

@@ -17,7 +17,7 @@ from ..errors import UserError, check
 from ..hub import hub_dataset
 from ..registry import Registry
 from . import superglue_metrics as m
-from .jsonl import json_objects
+from .files import json_objects, require_files
 from .tasks import Example, TaskData
 
 HUB_DATASET = "aps/super_glue"
@@ -152,12 +152,9 @@ def _labels(scorer, predictions, examples):
     return scorer(predictions, [e.label for e in examples])
 
 
-def _score_multirc(predictions, examples):
-    return m.multirc_scores(predictions, [e.label for e in examples], [e.group for e in examples])
-
-
-def _score_axg(predictions, examples):
-    return m.axg_scores(predictions, [e.label for e in examples], [e.group for e in examples])
+def _grouped(scorer, predictions, examples):
+    """MultiRC's and AX-g's scorers also read each example's group (its question, its pronoun pair)."""
+    return scorer(predictions, [e.label for e in examples], [e.group for e in examples])
 
 
 def _score_copa(predictions, examples):
@@ -179,7 +176,8 @@ for _task in [
                   ("entailment", "contradiction", "neutral"), partial(_pairs, "premise", "hypothesis"),
                   partial(_labels, m.cb_scores)),
     SuperGlueTask("copa", "COPA", "copa", _BOOL, None, _copa, _score_copa, head="choice"),
-    SuperGlueTask("multirc", "MultiRC", "multirc", _BOOL, ("False", "True"), _multirc, _score_multirc),
+    SuperGlueTask("multirc", "MultiRC", "multirc", _BOOL, ("False", "True"), _multirc,
+                  partial(_grouped, m.multirc_scores)),
     SuperGlueTask("record", "ReCoRD", "record", {}, None, _record, _score_record, head="candidates"),
     SuperGlueTask("rte", "RTE", "rte", _NLI2_INDEX, _NLI2, partial(_pairs, "premise", "hypothesis"),
                   partial(_labels, m.accuracy)),
@@ -188,7 +186,7 @@ for _task in [
                   head="span-pair"),
     SuperGlueTask("axb", "AX-b", "axb", _NLI2_INDEX, _NLI2, partial(_pairs, "sentence1", "sentence2"),
                   partial(_labels, m.axb_scores)),
-    SuperGlueTask("axg", "AX-g", "axg", _NLI2_INDEX, _NLI2, _axg, _score_axg),
+    SuperGlueTask("axg", "AX-g", "axg", _NLI2_INDEX, _NLI2, _axg, partial(_grouped, m.axg_scores)),
 ]:
     SUPERGLUE_TASKS.register(_task.name)(_task)
 
@@ -241,10 +239,8 @@ def _local_path(folder: Path, spec: SuperGlueTask, split: str) -> Path:
     if not task_dir.is_dir():
         raise UserError(f"{spec.name}: missing task folder {task_dir}; eval.data_dir must be a SuperGLUE folder with "
                         f"one subfolder per task ({', '.join(t.folder for t in SUPERGLUE_TASKS.values())})")
-    name = {"train": "train.jsonl", "dev": "val.jsonl"}.get(split, f"{spec.folder}.jsonl")
-    path = task_dir / name
-    if not path.is_file():
-        raise UserError(f"{spec.name}: missing {path}; eval.data_dir must hold the original SuperGLUE files")
+    path = task_dir / {"train": "train.jsonl", "dev": "val.jsonl"}.get(split, f"{spec.folder}.jsonl")
+    require_files(spec.name, [path], "hold the original SuperGLUE files")
     return path
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import UserError, check
 from ..hub import hub_dataset
+from .files import require_files
 from .multiple_choice_head import ChoiceExample
 from .tasks import TaskData
 
@@ -78,9 +79,7 @@ def load_swag(data_dir: str | None) -> TaskData:
         return _task("swag", examples["train"], {"dev": examples["dev"]}, f"hub:{SWAG_HUB}/{SWAG_CONFIG}")
     folder = Path(data_dir)
     files = {"train": folder / "train.csv", "dev": folder / "val.csv"}
-    for path in files.values():
-        if not path.is_file():
-            raise UserError(f"swag: missing {path}; eval.data_dir must be SWAG's data/ folder (train.csv, val.csv)")
+    require_files("swag", files.values(), "be SWAG's data/ folder (train.csv, val.csv)")
     return _task("swag", read_swag_csv(files["train"]), {"dev": read_swag_csv(files["dev"])}, str(folder))
 
 

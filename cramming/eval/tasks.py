@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..hub import hub_dataset
 from ..registry import Registry
+from .files import require_files
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +112,8 @@ def load_task(name: str, data_dir: str | None) -> TaskData:
         train, dev, source = _load_hub(spec)
     else:
         train, dev, source = _load_local(spec, Path(data_dir))
-    return TaskData(
-        name=spec.name,
-        train=train,
-        dev=dev,
-        label_names=list(spec.label_names) if spec.label_names else None,
-        metric_names=list(spec.metric_names),
-        main_metric=spec.main_metric,
-        source=source,
-    )
+    return TaskData(spec.name, train, dev, list(spec.label_names) if spec.label_names else None,
+                    list(spec.metric_names), spec.main_metric, source)
 
 
 # ---------------------------------------------------------------- local glue_data/ folder
@@ -131,9 +125,7 @@ def _load_local(spec: TaskSpec, data_dir: Path):
         raise UserError(f"{spec.name}: missing task folder {folder}; eval.data_dir must be a glue_data/ folder "
                         f"with one subfolder per task ({', '.join(s.folder for s in _SPECS)})")
     files = {"train": folder / "train.tsv"} | {split: folder / f for split, f, _ in spec.dev_splits}
-    for path in files.values():  # check every file before parsing any, so one run names the missing one
-        if not path.is_file():
-            raise UserError(f"{spec.name}: missing {path}; eval.data_dir must hold the original glue_data/ files")
+    require_files(spec.name, files.values(), "hold the original glue_data/ files")
     skipped = {}
     loaded = {}
     for split, path in files.items():

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from ..errors import UserError, check
+from .files import json_objects
 from .finetune import auto_model, collate
-from .jsonl import json_objects
 from .tasks import TaskData
 
 DELIMITER = " "  # lm-eval's default target_delimiter between the context and each ending

@@ -1,11 +1,18 @@
-"""The one JSONL reader of the evaluation's task files (custom tasks, SuperGLUE, zero-shot): one JSON object per
-non-blank line, and a line that is not one stops the run in one line naming the file and the line."""
+"""What every reader of task files shares: the files checked before any is parsed (so that one run names the
+missing one), and JSON lines, where a line that is not one object stops the run in one line naming file and line."""
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import UserError
+
+
+def require_files(task: str, paths: Iterable[Path], must: str) -> None:
+    """`must`: what eval.data_dir must be or hold, for the message."""
+    for path in paths:
+        if not path.is_file():
+            raise UserError(f"{task}: missing {path}; eval.data_dir must {must}")
 
 
 def json_objects(path: Path, place: str = "{path} line {number}") -> Iterator[tuple[int, dict]]:
