@@ -20,6 +20,7 @@ the record run (python scripts/record.py, about 2 hours on 2 cores): docs/result
 GPU reaches GLUE 78.6.
 NOTE
 echo "GLUE data: ${GLUE_DIR:-the Hugging Face hub (set GLUE_DIR=<glue_data folder> to use local files)}"
+[ -n "${GLUE_DIR:-}" ] || unset GLUE_DIR  # an empty GLUE_DIR means none, as the line above says (eval.py refuses it)
 # A smoke-sized fine-tuning (1,000 examples, 2 epochs per task; QNLI left out: its dev set of 5,463 long pairs is
 # larger than the other five tasks' together, 4,100): the scores are marked "not comparable".
 if ! .venv/bin/python eval.py checkpoint="$checkpoint" eval.tasks=[cola,sst2,mrpc,stsb,rte] \

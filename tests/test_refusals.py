@@ -282,6 +282,7 @@ EVAL = [
     row("eval.seeds=0", "eval.seeds", "seeds-zero", FAST),
     row("eval.recipe.schedule=zigzag", "schedule", "recipe-schedule-unknown", FAST),
     row("+eval.per_task.wnli.epochs=2", "wnli is not in eval.tasks", "per-task-not-in-tasks", FAST),
+    row("eval.data_dir=''", "eval.data_dir='' is invalid: an empty folder name", "data-dir-empty", FAST),
 
     # impl, as eval.py reads it (cramming/config.py ImplConfig; fp8: cramming/validation/eval.py)
     row("impl.device=tpu", "impl.device='tpu' is not a valid option; choose one of", "device-unknown", CHECKPOINT),

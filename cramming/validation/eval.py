@@ -32,6 +32,9 @@ def validate_eval(c: EvalRunConfig) -> None:
     e = c.eval
     check(bool(c.checkpoint) != bool(c.name), "checkpoint", c.checkpoint,
           "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
+    check(e.data_dir is None or bool(e.data_dir.strip()), "eval.data_dir", e.data_dir,
+          "an empty folder name (an empty $GLUE_DIR, $SUPERGLUE_DIR, ... gives one): name the data folder, or leave "
+          "it null (unset the variable) to read the hub")
     for problem in schema_problems(c):
         refuse(problem)
     check(c.impl.precision != "fp8", "impl.precision", "fp8", "float8 is for pretraining (cramming/train/fp8.py); "
