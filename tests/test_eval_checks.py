@@ -4,7 +4,6 @@
 import json
 import shutil
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,10 +14,8 @@ from test_eval_cli import FAST, evaluate_in_process, run_eval
 from cramming import hub
 from cramming.errors import UserError
 from cramming.eval import recipe as evaluation
-from cramming.eval.finetune import optimizer_step
 from cramming.eval.tasks import GLUE_SET, GLUE_TASKS
 from cramming.hub import OFFLINE_VARIABLES
-from cramming.impl import Runtime
 from cramming.train.checkpoint import SUMMARY, check_safetensors
 
 
@@ -233,47 +230,7 @@ def test_random_init_baseline_is_an_untrained_twin(smoke_checkpoint, tmp_path):
     assert list(models) == ["pretrained", "random-init"] and losses[0] != losses[1], losses
 
 
-# ---------------------------------------------------------------- fp16 grad scaler
-
-
-class Regressor(torch.nn.Module):
-    """Just enough of a sequence classifier for optimizer_step: a loss that can be made to overflow."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x, labels, blow_up=1.0):
-        return SimpleNamespace(loss=((self.linear(x).float().squeeze(-1) - labels) ** 2).mean() * blow_up)
-
-
-def one_step(precision: str, blow_up: float):
-    torch.manual_seed(0)
-    model, runtime = Regressor(), Runtime(torch.device("cpu"), precision, False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    scaler = runtime.grad_scaler()
-    before = [p.detach().clone() for p in model.parameters()]
-    inputs = {"x": torch.randn(8, 4), "blow_up": blow_up}
-    with runtime.autocast()():
-        loss = model(**inputs, labels=torch.randn(8)).loss
-    optimizer_step(loss, model, optimizer, scheduler, scaler, grad_clip=1.0)
-    changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    return scaler, changed, all(torch.isfinite(p).all() for p in model.parameters()), scheduler.last_epoch
-
-
-def test_fp16_finetuning_goes_through_a_grad_scaler():
-    scaler, changed, finite, scheduled = one_step("fp16", 1e-4)  # small enough that the scaled gradients fit
-    assert scaler.is_enabled() and changed and finite and scaler.get_scale() == 65536.0 and scheduled == 1
-    # gradients that overflow once scaled: the scaler skips the step (and the schedule) and halves its scale
-    scaler, changed, finite, scheduled = one_step("fp16", 1e36)
-    assert not changed and finite and scaler.get_scale() == 65536.0 / 2 and scheduled == 0
-
-
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_no_grad_scaler_outside_fp16(precision):
-    scaler, changed, finite, scheduled = one_step(precision, 1.0)
-    assert not scaler.is_enabled() and changed and finite and scheduled == 1
+# ---------------------------------------------------------------- fp16 grad scaler (optimizer_step's own: test_finetune.py)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
