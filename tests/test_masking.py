@@ -69,3 +69,30 @@ def test_validation_masks_do_not_depend_on_the_microbatch(tmp_path):
     for other in scores[1:]:
         assert other["val_loss"] == pytest.approx(scores[0]["val_loss"], rel=1e-6, abs=0)
         assert other["val_accuracy"] == scores[0]["val_accuracy"]
+
+
+def test_the_heldout_accuracy_is_the_share_of_masked_tokens_right_and_the_loss_their_mean(tmp_path):
+    """val_accuracy counts each masked token once over the whole split, val_loss weighs each batch's mean loss by
+    its masked tokens. Scored with an oracle (every masked token right) whose loss is its batch's size: batches of
+    5, 5, 5, 5 and 4 rows of 8 masked tokens give (4 x 5 x 40 + 4 x 32) / 192."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from cramming.config import DataConfig, TrainConfig
+    from cramming.data.prepare import prepare_data
+    from cramming.train.heldout import heldout_metrics
+    from cramming.train.objectives import build_objective
+
+    folder, meta = prepare_data(DataConfig(source="sanity", vocab_size=256, seq_length=32, max_chars=100_000,
+                                           validation_fraction=0.1, cache_dir=str(tmp_path)))
+
+    class Oracle(torch.nn.Module):
+        def forward(self, input_ids, labels, **_):
+            logits = torch.nn.functional.one_hot(labels.clamp(min=0), meta["vocab_size"]).float()
+            return SimpleNamespace(logits=logits, loss=torch.tensor(float(len(input_ids))))
+
+    cfg = TrainConfig(validation_sequences=24)
+    objective = build_objective("mlm", cfg, meta, torch.device("cpu"))
+    scores = heldout_metrics(Oracle(), objective, folder, meta, cfg, 5, torch.device("cpu"), contextlib.nullcontext)
+    assert scores["val_predicted_tokens"] == 24 * 8 and scores["val_accuracy"] == 1.0
+    assert scores["val_loss"] == pytest.approx((4 * 5 * 40 + 4 * 32) / 192)

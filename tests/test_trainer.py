@@ -43,12 +43,12 @@ def sanity_data(tmp_path_factory):
 
 
 def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-never-written", precision="fp32",
-        log=None, save_first=False, validation=None, hooks=()):
+        log=None, save_first=False, validation=None, hooks=(), objective="mlm"):
     """Train a tiny model in-process; `save_first` writes a checkpoint before the first step (as pretraining does
     for train.nonfinite=rollback)."""
     folder, meta = data
     torch.manual_seed(seed)
-    arch = ArchConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_size=128, max_seq_length=32)
+    arch = ArchConfig(num_layers=2, hidden_size=64, num_heads=4, ffn_size=128, max_seq_length=32, objective=objective)
     cpu = torch.device("cpu")
     runtime = Runtime(cpu, precision, False, "sdpa", "torch")
     model = build_model(arch, meta["vocab_size"], meta["special_ids"], runtime)
@@ -57,7 +57,7 @@ def run(data, budget, train_cfg, microbatch=8, seed=0, tmp_dir="/nonexistent-nev
     log = log or ListLog()
     log.model = model
     scaler = runtime.grad_scaler()
-    objective = build_objective("mlm", train_cfg, meta, cpu)
+    objective = build_objective(objective, train_cfg, meta, cpu)
     masks = PositionalMasks(seed, cpu)
     checkpointer = Checkpointer(tmp_dir, None, 1, {})
     state = TrainState()
@@ -141,6 +141,21 @@ def test_same_seed_same_run(sanity_data):
     _, a = run(sanity_data, Budget(seconds=3600, max_steps=3), cfg)
     _, b = run(sanity_data, Budget(seconds=3600, max_steps=3), cfg)
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+def test_an_accumulated_step_is_the_step_over_the_whole_batch(sanity_data):
+    """train.batch_size=16 as two microbatches of 8 is one step over the same 16 rows: each microbatch's loss is
+    divided by the number of microbatches, so the step's loss, its gradient norm (what train.grad_clip reads) and
+    its update are the whole batch's mean, as one microbatch of 16 computes them. Next-token prediction, so that
+    no mask differs (MLM draws a microbatch's masks from its first row's position)."""
+    cfg = TrainConfig(batch_size=16, batch_ramp=0.0, max_steps=1, lr=1e-3, schedule="constant", warmup=0.0)
+    logs = [ListLog(), ListLog()]
+    (_, (split,)), (_, (whole,)) = [run(sanity_data, Budget(seconds=3600, max_steps=1), cfg, microbatch=micro,
+                                        log=log, objective="clm") for micro, log in zip((8, 16), logs)]
+    assert split["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+    assert split["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    for a, b in zip(logs[0].model.parameters(), logs[1].model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def open_training_bars() -> list:
