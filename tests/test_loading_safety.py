@@ -156,6 +156,13 @@ def mock_hub(monkeypatch, snapshot, listed: dict):
     return fetched
 
 
+
+def test_a_files_id_is_gits_blob_id_as_the_hub_lists_it():
+    """The hub lists each file's git blob id: sha1 of "blob <size>\\0" and the bytes (`git hash-object`). The mock
+    hub (mock_hub) lists ids with blob_id itself, so only this pins the rule to git's."""
+    assert blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"  # printf 'hello\n' | git hash-object --stdin
+    assert blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's empty blob
+
 def test_a_hub_id_fetches_code_only_when_it_is_ours_or_allowed(source_run, tmp_path, monkeypatch):
     snapshot = tmp_path / "repo"
     shutil.copytree(source_run / "checkpoint", snapshot)

@@ -158,13 +158,15 @@ def test_lion_moves_by_lr_times_the_sign_of_the_blend():
     assert torch.allclose(param, expected)
     assert torch.allclose(optimizer.state[param]["exp_avg"], torch.tensor([0.01, -0.01, 0.01]))
 
-    # blend 0.9 * m + 0.1 * g = [0.004, -0.109, 0.029]: its first sign is the momentum's, not the gradient's
-    param.grad = torch.tensor([-0.05, -1.0, 0.2])
+    # The paper's rule: the update's sign is of beta1 * m + (1 - beta1) * g, the momentum then moves by beta2.
+    # Blend 0.9 * m + 0.1 * g = [0.004, -0.109, -0.011]: its first sign is the momentum's, not the gradient's, and
+    # its last the gradient's, where beta2's blend 0.99 * m + 0.01 * g (+0.0079) would keep the momentum's.
+    param.grad = torch.tensor([-0.05, -1.0, -0.2])
     optimizer.step()
-    expected = expected * (1 - 0.01) - 0.1 * torch.tensor([1.0, -1.0, 1.0])
+    expected = expected * (1 - 0.01) - 0.1 * torch.tensor([1.0, -1.0, -1.0])
     assert torch.allclose(param, expected)
     assert torch.allclose(optimizer.state[param]["exp_avg"], 0.99 * torch.tensor([0.01, -0.01, 0.01])
-                          + 0.01 * torch.tensor([-0.05, -1.0, 0.2]))
+                          + 0.01 * torch.tensor([-0.05, -1.0, -0.2]))
 
 
 def test_optimizer_problem_and_unknown_name():

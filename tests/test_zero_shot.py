@@ -177,6 +177,23 @@ def test_the_token_split_is_lm_evals(kind):
         assert split_tokens(tokenizer, context, ending) == tuple(theirs)
 
 
+
+def test_a_long_pair_is_cut_from_the_left_as_lm_eval_cuts_it():
+    """lm-eval's rule (HFLM._loglikelihood_tokens): the input is (context + ending)[-(max_length + 1):][:-1], so
+    the model sees max_length tokens, the last one unfed, and each ending token is scored where the token before it
+    stands. A model that gives each next id (input + 1) all its mass scores a counting ending at about 0."""
+    fed = []
+
+    class Counter(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            fed.extend(row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask))
+            return type("Out", (), {"logits": F.one_hot(input_ids + 1, 64).float() * 50})
+
+    pairs = [(list(range(1, 9)), [9, 10]), ([20, 21], [22])]  # one longer than max_length, one shorter
+    scores = loglikelihoods(Counter(), pairs, 5, 2, 0, "cpu", NO_AUTOCAST)
+    assert sorted(fed) == [[5, 6, 7, 8, 9], [20, 21]]
+    assert scores == [pytest.approx(0.0, abs=1e-12)] * 2
+
 def test_acc_norm_divides_by_the_ending_length_in_characters():
     # acc takes the best sum; acc_norm the best sum per character of the ending itself (not its " " delimiter):
     # -2/1 < -3.5/2, while with the delimiter counted -2/2 > -3.5/3 would pick the first.
