@@ -1,11 +1,13 @@
-"""What every reader of task files shares: the files checked before any is parsed (so that one run names the
-missing one), and JSON lines, where a line that is not one object stops the run in one line naming file and line."""
+"""What every reader of task data shares: the files checked before any is parsed (so that one run names the
+missing one), JSON lines, where a line that is not one object stops the run in one line naming file and line, and a
+hub split's rows, each with the place an error names."""
 
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import UserError
+from ..hub import hub_dataset
 
 
 def require_files(task: str, paths: Iterable[Path], must: str) -> None:
@@ -30,3 +32,9 @@ def json_objects(path: Path, place: str = "{path} line {number}") -> Iterator[tu
                 raise UserError(f"{place.format(path=path, number=number)}: expected a JSON object, got "
                                 f"{type(record).__name__}")
             yield number, record
+
+
+def hub_rows(task: str, dataset: str, config: str, split: str, fix: str) -> list[tuple[dict, str]]:
+    """(row, where) of one hub split (or the datasets cache, offline); `fix` names the local files to use instead."""
+    rows = hub_dataset(task, dataset, config, split=split, fix=fix)
+    return [(dict(row), f"hub:{dataset}/{config} {split} row {i}") for i, row in enumerate(rows)]

@@ -105,11 +105,8 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def comparability(config: EvalRunConfig, skipped: dict[str, str]) -> dict:

@@ -16,7 +16,6 @@ that span by more than null_threshold.
 """
 
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import torch
@@ -46,12 +45,9 @@ def load_squad_task(name: str, e) -> SquadTask:
     spec, train, dev, source = load_squad_examples(name, e.data_dir)
     metrics = ["exact", "f1"] + (["HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1"] if spec.version == 2 else [])
     return SquadTask(name=spec.name, train=train, dev={"dev": dev}, label_names=None, metric_names=metrics,
-                     main_metric="f1", source=source, scorer=partial(_score, spec.version), head="squad",
+                     main_metric="f1", source=source, head="squad",
+                     scorer=lambda split, answers, examples: squad_scores(answers, examples, spec.version),
                      version=spec.version, options=e.squad)
-
-
-def _score(version: int, split, predictions: dict, examples) -> dict:
-    return squad_scores(predictions, examples, version)
 
 
 def build_qa_model(checkpoint: str, dropout: float, random_init: bool, max_length: int):

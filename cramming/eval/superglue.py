@@ -14,10 +14,9 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import UserError, check
-from ..hub import hub_dataset
 from ..registry import Registry
 from . import superglue_metrics as m
-from .files import json_objects, require_files
+from .files import hub_rows, json_objects, require_files
 from .tasks import Example, TaskData
 
 HUB_DATASET = "aps/super_glue"
@@ -298,13 +297,10 @@ HUB_SPLITS = {"train": "train", "dev": "validation"}  # the diagnostics: their o
 
 
 def _read_hub(spec: SuperGlueTask, split: str) -> list[tuple[dict, str]]:
-    """The task's split from `aps/super_glue` (or the datasets cache, offline); any failure means: local files."""
-    dataset = hub_dataset(spec.name, HUB_DATASET, spec.hub_config, split=HUB_SPLITS.get(split, "test"),
-                          fix="eval.data_dir=<SuperGLUE folder>")
-    rows = []
-    for i, row in enumerate(dataset):
-        where = f"hub:{HUB_DATASET}/{spec.hub_config} {HUB_SPLITS.get(split, 'test')} row {i}"
+    """The task's split from `aps/super_glue` (or the datasets cache, offline), labels checked to be class indices."""
+    rows = hub_rows(spec.name, HUB_DATASET, spec.hub_config, HUB_SPLITS.get(split, "test"),
+                    "eval.data_dir=<SuperGLUE folder>")
+    for row, where in rows:
         if spec.labels and _field(row, "label", where) not in set(spec.labels.values()):
             raise UserError(f"{where}: label {row['label']!r} is not a class index (unlabelled split?)")
-        rows.append((dict(row), where))
     return rows

@@ -13,8 +13,7 @@ import re
 from pathlib import Path
 
 from ..errors import UserError, check
-from ..hub import hub_dataset
-from .files import require_files
+from .files import hub_rows, require_files
 from .multiple_choice_head import ChoiceExample
 from .tasks import TaskData
 
@@ -73,7 +72,7 @@ def read_swag_csv(path: Path) -> list[ChoiceExample]:
 
 def load_swag(data_dir: str | None) -> TaskData:
     if data_dir is None:
-        splits = {s: _hub_rows(SWAG_HUB, SWAG_CONFIG, hub, "swag", "<folder with train.csv, val.csv>")
+        splits = {s: hub_rows("swag", SWAG_HUB, SWAG_CONFIG, hub, "eval.data_dir=<folder with train.csv, val.csv>")
                   for s, hub in (("train", "train"), ("dev", "validation"))}
         examples = {s: [swag_example(row, where) for row, where in rows] for s, rows in splits.items()}
         return _task("swag", examples["train"], {"dev": examples["dev"]}, f"hub:{SWAG_HUB}/{SWAG_CONFIG}")
@@ -135,7 +134,7 @@ def read_race_split(folder: Path, split: str, level: str) -> list[ChoiceExample]
 
 
 def race_hub_split(level: str, split: str) -> list[ChoiceExample]:
-    rows = _hub_rows(RACE_HUB, level, {"train": "train", "dev": "validation"}[split], "race", "<RACE folder>")
+    rows = hub_rows("race", RACE_HUB, level, {"train": "train", "dev": "validation"}[split], "eval.data_dir=<RACE folder>")
     return [race_question(str(r.get("article", "")), r.get("question", ""), r.get("options"), r.get("answer"), level,
                           where) for r, where in rows]
 
@@ -150,15 +149,6 @@ def load_race(name: str, data_dir: str | None) -> TaskData:
     if len(levels) > 1:
         dev |= {f"race-{level}": rows for level, rows in dev_levels.items()}
     return _task(name, train, dev, f"hub:{RACE_HUB}" if data_dir is None else str(Path(data_dir)))
-
-
-# ---------------------------------------------------------------- hub
-
-
-def _hub_rows(dataset: str, config: str, split: str, task: str, folder: str) -> list[tuple[dict, str]]:
-    """(row, where) of one hub split (or the datasets cache, offline); any failure means: use local files."""
-    rows = hub_dataset(task, dataset, config, split=split, fix=f"eval.data_dir={folder}")
-    return [(dict(row), f"hub:{dataset}/{config} {split} row {i}") for i, row in enumerate(rows)]
 
 
 def refuse_race(e) -> None:
