@@ -13,11 +13,16 @@ from conftest import glue_folder
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
+from cramming.errors import UserError
 from cramming.eval import recipe
 from cramming.eval.classifier_head import Classifier
 from cramming.eval.config import EvalConfig, EvalRunConfig, Recipe
 from cramming.eval.finetune import BUCKET_BATCHES, auto_model, finetune, length_buckets, optimizer_step
+from cramming.eval.span_head import encode_spans
+from cramming.eval.squad import encode_windows
+from cramming.eval.squad_data import SquadOptions
 from cramming.eval.tasks import Example, TaskData
+from cramming.eval.token_head import encode_words
 from cramming.impl import Runtime
 from cramming.model import CrammedConfig, CrammedForMaskedLM, auto_map_of
 
@@ -213,3 +218,18 @@ def test_a_capped_training_set_is_one_random_sample_for_every_seed(tmp_path):
     drawn = subset(0)
     assert len(drawn) == 10 and drawn == subset(3) and drawn != everything[:10]
     assert drawn == random.Random(recipe.SUBSET_SEED).sample(everything, 10)
+
+
+@pytest.mark.parametrize("encode, message", [
+    (lambda slow: encode_windows(slow, [], 64, SquadOptions()),
+     "eval=squad needs a fast tokenizer (character offsets)"),
+    (lambda slow: encode_spans(slow, [], 64), "WSC's span head needs a fast tokenizer (character offsets)"),
+    (lambda slow: encode_words(slow, [], {}, 64),
+     "eval=ner needs a fast tokenizer (word_ids, to find each word's first piece)"),
+])
+def test_a_head_that_reads_offsets_refuses_a_slow_tokenizer_in_one_line(encode, message):
+    """Character offsets and word ids come only from a fast tokenizer: the head says which one it needs, and why,
+    before anything is encoded (a slow one would fail deep inside the encoding)."""
+    with pytest.raises(UserError) as err:
+        encode(SimpleNamespace(is_fast=False))
+    assert str(err.value) == f"{message}; this checkpoint's is not"

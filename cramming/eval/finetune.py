@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, get_scheduler
 
+from ..errors import UserError
 from ..registry import Registry
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
@@ -111,6 +112,12 @@ def collate(ids: list[list[int]], pad_id: int, device) -> dict:
         input_ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
+
+
+def require_fast(tokenizer, user: str, why: str) -> None:
+    """Offsets and word ids come only from a fast (Rust) tokenizer: `user` needs them for `why`."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(f"{user} needs a fast tokenizer ({why}); this checkpoint's is not")
 
 
 def auto_model(auto_class, checkpoint: str, random_init: bool, dropout: float | None = None, fit=None,

@@ -80,8 +80,7 @@ BENCHMARKS.register("glue", about="GLUE: the eight tasks of the paper's average 
 BENCHMARKS.register("superglue", about="SuperGLUE: the eight tasks and the two diagnostics, which the RTE model "
                     "predicts (as SuperGLUE's baselines did).")(Benchmark(
     "SuperGLUE", "superglue", superglue.read, task_table=superglue.SUPERGLUE_TASKS, average_set=SUPERGLUE_SET,
-    columns=(("BoolQ", "boolq"), ("CB", "cb"), ("COPA", "copa"), ("MultiRC", "multirc"), ("ReCoRD", "record"),
-             ("RTE", "rte"), ("WiC", "wic"), ("WSC", "wsc"), ("AX-b", "axb"), ("AX-g", "axg")),
+    columns=tuple((task.folder, name) for name, task in superglue.SUPERGLUE_TASKS.items()),  # the release's names
     trained=superglue.trained, check=superglue.refuse, skippable=True,
     summarise=lambda scores, e: superglue_average(scores)))
 BENCHMARKS.register("custom", about="The user's own task (custom.py); no benchmark average, and its errors are "

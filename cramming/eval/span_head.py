@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel
 
-from ..errors import UserError
-from .finetune import Head, auto_model, collate
+from .finetune import Head, auto_model, collate, require_fast
 
 
 class SpanPairClassifier(nn.Module):
@@ -47,8 +46,7 @@ def build_span_model(checkpoint: str, dropout: float, random_init: bool) -> Span
 def encode_spans(tokenizer, examples, max_length: int):
     """Token ids, and per example the token positions of each span (those whose characters overlap it). A span
     cut off by truncation falls back to the first token, so its pooling stays defined."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise UserError("WSC's span head needs a fast tokenizer (character offsets); this checkpoint's is not")
+    require_fast(tokenizer, "WSC's span head", "character offsets")
     encoded = tokenizer([e.text for e in examples], truncation=True, max_length=max_length,
                         return_offsets_mapping=True)
     positions = []

@@ -25,7 +25,7 @@ from ..errors import UserError, check
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .config import recipe_for
-from .finetune import Head, auto_model
+from .finetune import Head, auto_model, require_fast
 from .squad_data import SquadOptions, load_squad_examples
 from .squad_metrics import squad_scores
 from .tasks import TaskData
@@ -96,8 +96,7 @@ def cut_question(tokenizer, question: str, max_query_length: int) -> str:
 
 def encode_windows(tokenizer, examples, max_length: int, options) -> list[Window]:
     """Every window of every example, labelled with the first answer's tokens (training reads those)."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise UserError("eval=squad needs a fast tokenizer (character offsets); this checkpoint's is not")
+    require_fast(tokenizer, "eval=squad", "character offsets")
     questions = [cut_question(tokenizer, e.question, options.max_query_length) for e in examples]
     try:
         encoded = tokenizer(questions, [e.context for e in examples], truncation="only_second", max_length=max_length,

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForTokenClassification
 
-from ..errors import UserError
-from .finetune import Head, auto_model
+from .finetune import Head, auto_model, require_fast
 
 log = logging.getLogger(__name__)
 IGNORED = -100  # the label of pieces that are not a word's first: cross-entropy skips them
@@ -33,9 +32,7 @@ class Words:
 
 def encode_words(tokenizer, sentences, label_index: dict[str, int], max_length: int) -> list[Words]:
     """Token ids of every sentence with the first-piece alignment of its words."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise UserError("eval=ner needs a fast tokenizer (word_ids, to find each word's first piece); "
-                        "this checkpoint's is not")
+    require_fast(tokenizer, "eval=ner", "word_ids, to find each word's first piece")
     encoded = tokenizer([s.words for s in sentences], is_split_into_words=True, truncation=True,
                         max_length=max_length)
     out = []
