@@ -3,7 +3,9 @@ fp16 grad scaler, schedule), the model it starts from (the checkpoint's weights 
 untrained twin for the baseline), the seed that makes a run repeatable, and the training subset shared by every
 seed. A tiny crammed checkpoint is written by the test itself, so nothing here waits for a pretraining run."""
 
+import json
 import random
+import shutil
 from itertools import pairwise
 from types import SimpleNamespace
 
@@ -25,6 +27,7 @@ from cramming.eval.tasks import Example, TaskData
 from cramming.eval.token_head import encode_words
 from cramming.impl import Runtime
 from cramming.model import CrammedConfig, CrammedForMaskedLM, auto_map_of
+from cramming.train.resume import MARKER
 
 CPU = Runtime(torch.device("cpu"), "fp32", False)
 WORDS = [f"w{i}" for i in range(40)]
@@ -233,3 +236,54 @@ def test_a_head_that_reads_offsets_refuses_a_slow_tokenizer_in_one_line(encode, 
     with pytest.raises(UserError) as err:
         encode(SimpleNamespace(is_fast=False))
     assert str(err.value) == f"{message}; this checkpoint's is not"
+
+
+# ---------------------------------------------------------------- the checkpoint eval.py starts from
+
+
+def test_a_checkpoint_is_checked_whole_before_any_task_is_read(checkpoint, tmp_path):
+    """recipe.check_checkpoint, eval.py's first step: a model folder (not a step folder), with a config, weights,
+    and a tokenizer that fits the embedding table and pads. Each refusal is one line naming the folder."""
+    source, tokenizer, _ = checkpoint
+
+    def folder(name, change=None):
+        path = tmp_path / name
+        shutil.copytree(source, path)
+        if change is not None:
+            change(path)
+        return path
+
+    loaded, config = recipe.check_checkpoint(folder("whole"))
+    assert (len(loaded), config.vocab_size) == (len(tokenizer), 48)
+
+    def resized(vocab_size):
+        def change(path):
+            saved = json.loads((path / "config.json").read_text())
+            (path / "config.json").write_text(json.dumps(saved | {"vocab_size": vocab_size}))
+        return change
+
+    def unpadded(path):
+        saved = json.loads((path / "tokenizer_config.json").read_text())
+        saved.pop("pad_token", None)
+        (path / "tokenizer_config.json").write_text(json.dumps(saved))
+        (path / "special_tokens_map.json").unlink(missing_ok=True)
+
+    def step(path):
+        (path / MARKER).write_text("")
+        torch.save({}, path / "state.pt")
+
+    cases = [
+        (step, "is a step folder (a resume point of a run), not a model folder; make it one with "
+               + "`python -m cramming.export"),
+        (lambda path: (path / "config.json").unlink(), "has no config.json: not a model folder"),
+        (lambda path: (path / "model.safetensors").unlink(), "has no weights (model.safetensors)"),
+        (resized(len(tokenizer) - 1), f"the tokenizer has {len(tokenizer)} tokens but the model only "
+                                      + f"{len(tokenizer) - 1} embeddings; the tokenizer does not belong to this model"),
+        (unpadded, "the tokenizer has no padding token"),
+    ]
+    for number, (change, message) in enumerate(cases):
+        path = folder(f"case{number}", change)
+        with pytest.raises(UserError) as err:
+            recipe.check_checkpoint(path)
+        assert str(err.value).startswith(f"checkpoint {path}") and message in str(err.value)
+    recipe.check_checkpoint(folder("fits", resized(len(tokenizer))))  # as many embeddings as tokens: it fits
