@@ -55,6 +55,27 @@ def test_eval_adds_its_scores_to_the_card(checkpoint, tmp_path):
     assert str(tmp_path) not in card
 
 
+def test_a_second_evaluation_is_added_to_the_card_beside_the_first(checkpoint, tmp_path):
+    """add_evaluation appends: eval_results.json keeps every eval.py run, oldest first, and the card shows a section
+    for each, so evaluating a folder again never loses the scores it had."""
+    from cramming.card import EVALUATIONS, add_evaluation
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for name in ("train_summary.json", "README.md"):
+        (folder / name).write_bytes((checkpoint / name).read_bytes())
+    runs = [{"benchmark": "GLUE", "seeds": 5, "scores": {"rte": 55.5}, "comparable": True,
+             "finished_at": "2024-01-02T03:04:05"},
+            {"benchmark": "SuperGLUE", "seeds": 1, "scores": {"boolq": 66.6}, "comparable": False,
+             "finished_at": "2024-02-03T04:05:06"}]
+    for run in runs:
+        assert add_evaluation(folder, run, head_of=lambda objective: None)
+    assert json.loads((folder / EVALUATIONS).read_text()) == runs
+    card = (folder / "README.md").read_text()
+    first, second = card.index("### GLUE, 5 seed(s), median, 2024-01-02"), card.index("### SuperGLUE, 1 seed(s)")
+    assert first < second and "| 55.5 |" in card and "| 66.6 |" in card and "Not evaluated yet" not in card
+
+
 def test_the_card_names_data_never_by_an_absolute_path(checkpoint):
     from cramming.card import card_text, without_paths
 

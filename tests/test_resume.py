@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -139,7 +140,7 @@ def test_keep_checkpoints_and_resume_choices(tmp_path):
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
     config = config_for(*TINY)
-    ckpt = Checkpointer(tmp_path / "run", None, 2, json.loads(json.dumps(__import__("dataclasses").asdict(config))))
+    ckpt = Checkpointer(tmp_path / "run", None, 2, json.loads(json.dumps(asdict(config))))
     for step in (1, 2, 3):
         ckpt.save(model, opt, torch.amp.GradScaler("cpu", enabled=False), TrainState(step=step))
     assert [p.name for p in complete_checkpoints(tmp_path / "run")] == ["step-00000002", "step-00000003"]
@@ -159,6 +160,29 @@ def test_keep_checkpoints_and_resume_choices(tmp_path):
         find_resume(str(tmp_path / "nowhere"), tmp_path / "relaunch", config)
     with pytest.raises(UserError, match="not a complete checkpoint"):
         find_resume(str(tmp_path / "relaunch"), tmp_path / "relaunch", config)
+
+
+def test_auto_resume_takes_the_most_recent_unfinished_sibling(tmp_path):
+    """train.resume=auto from a new launch folder: of several unfinished sibling runs of the same name and config,
+    the one touched last is resumed (its checkpoint is the newest), never an older, stale one."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    config = config_for(*TINY)
+    saved_config = json.loads(json.dumps(asdict(config)))
+    for run, steps in (("older", (1, 2)), ("newer", (1, 2, 3, 4, 5))):
+        ckpt = Checkpointer(tmp_path / run, None, 2, saved_config)
+        for step in steps:
+            ckpt.save(model, opt, torch.amp.GradScaler("cpu", enabled=False), TrainState(step=step))
+    now = time.time()
+    os.utime(tmp_path / "older", (now - 3600, now - 3600))
+    os.utime(tmp_path / "newer", (now - 60, now - 60))
+    (tmp_path / "relaunch").mkdir()
+    newest = (tmp_path / "newer" / "checkpoints" / "step-00000005").resolve()
+    assert find_resume("auto", tmp_path / "relaunch", config) == newest
+    # the other way round in time: the run touched last wins, whatever its step count
+    os.utime(tmp_path / "older", (now, now))
+    older = (tmp_path / "older" / "checkpoints" / "step-00000002").resolve()
+    assert find_resume("auto", tmp_path / "relaunch", config) == older
 
 
 @pytest.fixture
@@ -221,6 +245,17 @@ def test_nonfinite_rollback(poison, tmp_path):
     assert event["lr_scale"] == 0.5 and event["checkpoint"].endswith("step-00000000")
     lrs = [r["lr"] for r in log if "lr" in r]
     assert lrs[:2] == [pytest.approx(1e-3)] * 2 and all(lr == pytest.approx(5e-4) for lr in lrs[2:])
+
+
+def test_each_rollback_lowers_the_learning_rate_again(poison, tmp_path):
+    """train.nonfinite=rollback: every rollback multiplies the learning rate by train.rollback.lr_factor once more
+    (0.5, then 0.25 of the peak), so a run that keeps diverging keeps backing off instead of retrying one rate."""
+    poison.update({3, 5})
+    summary = pretraining.pretrain(config_for(*NAN_RUN, "train.nonfinite=rollback", "train.lr=0.001"), tmp_path)
+    assert summary["rollbacks"] == 2
+    log = records(tmp_path)
+    assert [r["lr_scale"] for r in log if r.get("event") == "rollback"] == [0.5, 0.25]
+    assert [r["lr"] for r in log if "lr" in r][-1] == pytest.approx(2.5e-4)
 
 
 @pytest.fixture
