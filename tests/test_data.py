@@ -49,6 +49,19 @@ def test_tokenizer_round_trip(kind):
     assert pair.count(tok.sep_token_id) == 2 and pair[0] == tok.cls_token_id
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_a_pair_marks_its_second_text_as_segment_one(kind):
+    """BERT's pair encoding: [CLS] a [SEP] is segment 0 and b [SEP] segment 1 (token_type_ids), so a model or a
+    Hugging Face pipeline that reads segments can tell the two texts apart; a single text is all segment 0."""
+    tok = train_tokenizer([" ".join(WORDS) + "."] * 20, kind, vocab_size=200, max_length=64)
+    pair = tok("a lazy dog", "a quick fox", return_token_type_ids=True)
+    ids, types = pair["input_ids"], pair["token_type_ids"]
+    first_sep = ids.index(tok.sep_token_id)
+    assert ids[-1] == tok.sep_token_id and first_sep < len(ids) - 2
+    assert types == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1)
+    assert set(tok("a lazy dog", return_token_type_ids=True)["token_type_ids"]) == {0}
+
+
 def test_packing_round_trip_and_no_leakage(tmp_path):
     texts = make_corpus(tmp_path / "src")
     folder, meta = prepare_data(data_config(tmp_path / "src", tmp_path / "cache"))

@@ -147,6 +147,15 @@ def test_fewer_than_three_finished_runs_skip_the_fit(sweep, tmp_path, capsys):
     assert not (tmp_path / "two" / "scaling.png").exists()
 
 
+def test_runs_are_listed_in_job_number_order(tmp_path):
+    """Hydra numbers a sweep's job folders 0_, 1_, ..., 10_: the table lists them by number (10_ after 9_, 2_
+    before 10_), not as text would sort them."""
+    root = tmp_path / "multirun"
+    for job in (10, 2, 9, 11):
+        write_run(root / f"{job}_train.lr={job}e-4", "rotary", job * 1e-4, 1_000_000, False, job)
+    assert [r.name for r in collect_runs([str(root)])] == [f"{job}_train.lr={job}e-4" for job in (2, 9, 10, 11)]
+
+
 def test_metrics_survive_rollbacks_and_a_cut_line(tmp_path):
     lines = [{"step": s, "loss": float(s), "tokens": s} for s in (1, 2, 3, 4)]
     lines += [{"step": 2, "event": "rollback"}, {"step": 3, "loss": 30.0, "tokens": 3}]

@@ -136,6 +136,28 @@ def test_a_checkpoint_never_holds_non_finite_weights(tmp_path):
     assert complete_checkpoints(tmp_path) == []
 
 
+def test_a_checkpoint_is_due_every_checkpoint_every_minutes(tmp_path, monkeypatch):
+    """train.checkpoint_every_minutes is in minutes: with 2, a checkpoint is not due 119 s after the last save and
+    is due at 120 s; a save starts the interval again; null never checkpoints on a timer."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    ckpt = Checkpointer(tmp_path, 2, 1, {})
+    now[0] += 119.0
+    assert not ckpt.due()
+    now[0] += 1.0
+    assert ckpt.due()
+    model = torch.nn.Linear(4, 4)
+    ckpt.save(model, torch.optim.AdamW(model.parameters()), torch.amp.GradScaler("cpu", enabled=False),
+              TrainState(step=1))
+    assert not ckpt.due()
+    now[0] += 119.0
+    assert not ckpt.due()
+    now[0] += 1.0
+    assert ckpt.due()
+    now[0] += 10**6
+    assert not Checkpointer(tmp_path, None, 1, {}).due()
+
+
 def test_keep_checkpoints_and_resume_choices(tmp_path):
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())

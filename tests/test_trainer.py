@@ -1,9 +1,11 @@
 """The budget loop: it ends on time even inside a large accumulated step, it learns, and it keeps going (or stops
 saying why) when a step is not finite."""
 
+import contextlib
 import math
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from cramming.config import ArchConfig, DataConfig, RollbackConfig, SkipConfig, 
 from cramming.data.loader import train_batches
 from cramming.data.prepare import prepare_data
 from cramming.engines import Engine
+from cramming.engines.ddp import DDP
 from cramming.errors import RunStopped, UserError
 from cramming.impl import Runtime
 from cramming.pretraining import pretrain
@@ -90,12 +93,27 @@ def test_max_steps_and_logging(sanity_data):
         assert key in records[0]
 
 
+def test_the_logged_seq_length_is_the_curriculum_stages():
+    """metrics.jsonl's seq_length is the length of the sequences a step trained on: in a train.seq_schedule stage
+    that joins k rows of data.seq_length S, k (S - 1) + 1 tokens (one [CLS]), not S."""
+    weight = torch.nn.Parameter(torch.zeros(1))
+    log = ListLog()
+    parts = Parts(model=None, optimizer=torch.optim.SGD([{"params": [weight], "base_lr": 1e-3}], lr=1e-3),
+                  scaler=None, engine=Engine(), objective=None, masks=None, batches=None, checkpointer=None, log=log)
+    cfg = TrainConfig(batch_size=16, batch_ramp=0.0, seq_schedule=[[0.5, 32], [0.5, 128]])
+    trainer = Trainer(parts=parts, cfg=cfg, budget=Budget(seconds=60.0), microbatch=8, seq_length=32,
+                      device=torch.device("cpu"), autocast=contextlib.nullcontext)
+    for fraction, length in ((0.25, 32), (0.75, 4 * 31 + 1)):
+        state = TrainState(step=1, tokens=16 * length)
+        plan = trainer.plan(state, fraction)
+        trainer.log_step(state, plan, 16, 16 * length, torch.tensor(1.0), time.perf_counter() - 1.0)
+        assert log.records[-1]["seq_length"] == length
+
+
 def test_periodic_validation_pauses_the_budget_clock(sanity_data):
     """train.validate_every_minutes: a validation each time the clock passes another interval, logged as an event
     with the clock it was taken at; the time it takes is not budget time. Each bound allows for a loaded machine:
     steps may be slow (fewer intervals), never a validation counted as budget."""
-    import time
-
     from cramming.train.heldout import PeriodicHeldout
 
     def measure():
@@ -210,6 +228,28 @@ def test_a_refused_stop_checkpoint_says_so(sanity_data, tmp_path):
     assert not open_training_bars()
 
 
+def test_ddp_reduces_gradients_only_on_a_steps_last_microbatch():
+    """Gradient accumulation under impl.distributed=ddp: DDP's no_sync() holds the all-reduce back on every
+    microbatch but the step's last, whose backward then reduces the accumulated sum (one all-reduce per step, and
+    every rank steps with the same gradients). The trainer says which microbatch is the last."""
+    class Replica:  # what the engine reads of a DistributedDataParallel module: its no_sync() and the flag it sets
+        require_backward_grad_sync = True
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            self.require_backward_grad_sync = False
+            try:
+                yield
+            finally:
+                self.require_backward_grad_sync = True
+
+    engine, model, synced = DDP(rank=0, world=2), Replica(), []
+    for microbatch in range(4):
+        with engine.no_sync(model, last_microbatch=microbatch + 1 == 4):
+            synced.append(model.require_backward_grad_sync)
+    assert synced == [False, False, False, True]
+
+
 def test_the_loader_names_the_true_microbatch(sanity_data):
     """train_batches gets microbatch x world rows; the message names impl.microbatch_size, one rank's share."""
     folder, meta = sanity_data
@@ -283,8 +323,6 @@ class Recorder(Hook):
 def test_hooks_are_called_in_turn_at_their_moments(sanity_data):
     """The loop's protocol (train/hooks.py): begin, then per applied step `on_step` and `on_between`, a pause
     and resume around every validation (an earlier hook's time that is not budget time), end last."""
-    import time
-
     from cramming.train.heldout import PeriodicHeldout
 
     recorder = Recorder()
