@@ -69,6 +69,21 @@ def test_structured_readers_take_the_encoding(tmp_path, suffix):
         docs(path)
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "csv"])
+def test_structured_rows_without_text_are_no_documents(tmp_path, suffix):
+    """A row whose text is empty, blank (spaces, tabs, newlines) or null is skipped, as a blank paragraph of a text
+    file is: it would only add an empty document (its separator alone) to the token stream."""
+    texts = ["first words", "   ", "", "\t \n ", "last words"]
+    path = tmp_path / f"rows.{suffix}"
+    if suffix == "csv":
+        path.write_text("text,id\n" + "".join(f'"{t}",{i}\n' for i, t in enumerate(texts)))
+    elif suffix == "json":
+        path.write_text(json.dumps([{"text": t} for t in texts] + [{"text": None}]))
+    else:
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in [*texts, None]))
+    assert docs(path) == ["first words", "last words"]
+
+
 def test_parquet_ignores_the_encoding(tmp_path):
     """Parquet strings are UTF-8 by definition: data.encoding does not apply (and must not break them)."""
     import pandas as pd

@@ -23,7 +23,7 @@ from cramming.eval.finetune import BUCKET_BATCHES, auto_model, finetune, length_
 from cramming.eval.span_head import encode_spans
 from cramming.eval.squad import encode_windows
 from cramming.eval.squad_data import SquadOptions
-from cramming.eval.tasks import Example, TaskData
+from cramming.eval.tasks import GLUE_SET, Example, TaskData
 from cramming.eval.token_head import encode_words
 from cramming.impl import Runtime
 from cramming.model import CrammedConfig, CrammedForMaskedLM, auto_map_of
@@ -278,7 +278,8 @@ def test_a_checkpoint_is_checked_whole_before_any_task_is_read(checkpoint, tmp_p
         (lambda path: (path / "config.json").unlink(), "has no config.json: not a model folder"),
         (lambda path: (path / "model.safetensors").unlink(), "has no weights (model.safetensors)"),
         (resized(len(tokenizer) - 1), f"the tokenizer has {len(tokenizer)} tokens but the model only "
-                                      + f"{len(tokenizer) - 1} embeddings; the tokenizer does not belong to this model"),
+                                      + f"{len(tokenizer) - 1} embeddings; the tokenizer does not belong to this "
+                                      + "model"),
         (unpadded, "the tokenizer has no padding token"),
     ]
     for number, (change, message) in enumerate(cases):
@@ -287,3 +288,15 @@ def test_a_checkpoint_is_checked_whole_before_any_task_is_read(checkpoint, tmp_p
             recipe.check_checkpoint(path)
         assert str(err.value).startswith(f"checkpoint {path}") and message in str(err.value)
     recipe.check_checkpoint(folder("fits", resized(len(tokenizer))))  # as many embeddings as tokens: it fits
+
+
+def test_comparability_names_the_published_tasks_that_eval_tasks_leaves_out():
+    """Only the whole GLUE task set, each task loaded and on all its data, compares with published scores:
+    tasks_left_out lists GLUE's averaged tasks missing from eval.tasks (in GLUE's order), beside the skipped tasks
+    and the cap, and describe() says them in one line; the full default set has no reason at all."""
+    assert recipe.comparability(EvalRunConfig(checkpoint="x"), {}) == {}
+    capped = EvalRunConfig(checkpoint="x", eval=EvalConfig(tasks=["qnli", "rte"], max_train_examples=4))
+    left_out = [t for t in GLUE_SET if t not in ("rte", "qnli")]
+    why = recipe.comparability(capped, {"qnli": "no files"})
+    assert why == {"skipped_tasks": ["qnli"], "max_train_examples": 4, "tasks_left_out": left_out}
+    assert recipe.describe(why) == f"skipped qnli; eval.max_train_examples=4; not in eval.tasks: {', '.join(left_out)}"

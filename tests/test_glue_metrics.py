@@ -14,6 +14,7 @@ from cramming.eval.glue_metrics import (
     pearson,
     spearman,
 )
+from cramming.eval.results import markdown_table
 
 # 8 binary examples; confusion matrix counted by hand (positive class 1):
 #   truth 1, pred 1: TP = 3     truth 1, pred 0: FN = 1
@@ -115,3 +116,12 @@ def test_seed_statistics_report_the_median_of_the_seeds():
     assert stats["median"] == 65.0 and (stats["min"], stats["max"]) == (50.0, 90.0)
     assert stats["std"] == pytest.approx(math.sqrt(((70 - 67.5) ** 2 + 17.5 ** 2 + 7.5 ** 2 + 22.5 ** 2) / 3))
     assert stats["values"] == [70.0, 50.0, 60.0, 90.0] and seed_statistics([42.0])["std"] == 0.0
+
+
+def test_the_table_shows_the_average_once_in_its_own_last_column():
+    """markdown_table: the GLUE columns some row has, in the paper's order, then custom tasks by name, then `avg`
+    from each row's average; the average is never a task column of its own, and a missing score is a dash."""
+    table = markdown_table({"pretrained": {"rte": 60.0, "cola": 40.24, "mine": 70.0, "average": 56.76},
+                            "random-init": {"rte": 50.0, "average": 50.0}})
+    assert table.splitlines() == ["| model | CoLA | RTE | mine | avg |", "|---|---|---|---|---|",
+                                  "| pretrained | 40.2 | 60.0 | 70.0 | 56.8 |", "| random-init | – | 50.0 | – | 50.0 |"]

@@ -211,6 +211,32 @@ def test_scalenorm_and_qk_norm():
         torch.testing.assert_close(model(ids).logits, before, atol=1e-4, rtol=1e-4)
 
 
+def test_rmsnorm_divides_by_the_root_mean_square_plus_arch_norm_eps():
+    """RMSNorm (Zhang & Sennrich 2019): y = g * x / sqrt(mean(x^2) + eps), with eps = arch.norm_eps. Small inputs
+    make eps matter: torch's default eps would give x / rms(x), about ten times this."""
+    model = CrammedForMaskedLM(tiny(norm="rmsnorm", norm_eps=0.1)).eval()
+    x = 0.03 * torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(0))
+    want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 0.1)
+    for norm in (model.encoder.layers[0].norm1, model.encoder.final_norm, model.encoder.embedding_norm):
+        torch.testing.assert_close(norm(x), want)
+
+
+def test_embedding_dropout_comes_after_the_embedding_norm():
+    """BERT's and Cramming's embedding block: dropout(norm(tokens + positions)). In training the embeddings'
+    output is then the normalised sum with each entry either zeroed or scaled by 1 / (1 - p); dropout before the
+    norm would leave no exact zeros."""
+    torch.manual_seed(0)
+    model = CrammedForMaskedLM(tiny(hidden_dropout=0.5)).train()
+    encoder = model.encoder
+    ids, _ = masked_batch()
+    got = model(ids, output_hidden_states=True).hidden_states[0]
+    with torch.no_grad():
+        normed = encoder.embedding_norm(encoder.tokens(ids) + encoder.positions(ids.shape[1], 0, None))
+    kept = got != 0
+    assert 0.3 < kept.float().mean().item() < 0.7
+    torch.testing.assert_close(got[kept], normed[kept] * 2.0)
+
+
 def test_causal_model_does_not_see_the_future():
     torch.manual_seed(0)
     model = CrammedForCausalLM(tiny(objective="clm", position="rotary")).eval()

@@ -5,7 +5,7 @@ import io
 import pytest
 import torch
 
-from cramming.config import OptimConfig, TrainConfig
+from cramming.config import OptimConfig, SGDConfig, TrainConfig
 from cramming.errors import UserError
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.train.lion import Lion
@@ -195,3 +195,19 @@ def test_finetuning_fused_adamw_takes_the_plain_adamw_steps():
             optimizer.zero_grad()
     for fused, plain in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-7)
+
+
+def test_sgd_without_momentum_is_plain_sgd_whatever_nesterov_says():
+    """train.optim.sgd.momentum=0 is plain SGD (config.py) with train.optim.nesterov at its default (true): torch
+    refuses Nesterov without momentum, so it is asked for only with momentum. A step is then p - lr * grad."""
+    model = tiny_model()
+    plain = TrainConfig(lr=0.1, weight_decay=0.0, optim=OptimConfig(name="sgd", sgd=SGDConfig(momentum=0.0)))
+    optimizer = build_optimizer(model, plain, CPU)
+    assert all(g["momentum"] == 0.0 and not g["nesterov"] for g in optimizer.param_groups)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model(input_ids=BATCH, labels=BATCH).loss.backward()
+    optimizer.step()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), before[name] - 0.1 * p.grad, msg=name)
+    momentum = build_optimizer(tiny_model(), TrainConfig(lr=0.1, optim=OptimConfig(name="sgd")), CPU)
+    assert all(g["momentum"] == 0.9 and g["nesterov"] for g in momentum.param_groups)

@@ -147,6 +147,25 @@ def test_value_embeddings_change_only_the_chosen_layers(head):
         assert changed == (i in (0, 3)), i
 
 
+def test_the_last_layers_take_the_value_tables_in_the_same_order():
+    """modded-nanogpt's layout, ve = [ve0, ve1] + [None] * (L - 4) + [ve0, ve1]: table t serves layer t and layer
+    L - k + t, in the same order at both ends (not mirrored). k=2 of 6 layers: table 0 serves 0 and 4, table 1
+    serves 1 and 5."""
+    torch.manual_seed(0)
+    model = CrammedForCausalLM(tiny(num_layers=6, value_embeddings=2))
+    tokens = ids()
+    before = layer_io(model, tokens)
+    for table, served in [(0, {0, 4}), (1, {1, 5})]:
+        weight = model.encoder.value_embeddings.tables[table].weight
+        saved = weight.detach().clone()
+        with torch.no_grad():
+            weight.add_(torch.randn_like(weight))
+        after = layer_io(model, tokens, replace_inputs={i: before[i][0] for i in range(6)})
+        with torch.no_grad():
+            weight.copy_(saved)
+        assert {i for i in range(6) if not torch.allclose(after[i][1], before[i][1])} == served, table
+
+
 def test_value_embeddings_and_their_mix_get_gradients():
     torch.manual_seed(0)
     model = CrammedForCausalLM(tiny(value_embeddings=2))
