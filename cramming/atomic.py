@@ -1,7 +1,8 @@
 """Files that other processes read or share: written whole or not at all, changed under a lock.
 
 `write_atomic` / `atomic_open` write a temporary file in the same folder, flush it to disk and rename it over the
-target, so a reader (or a run killed mid-write) sees the old file or the new one, never half of one. `locked`
+target, so a reader (or a run killed mid-write) sees the old file or the new one, never half of one; a write the
+file system refuses (full, read-only) is one line naming the folder (outputs.writing). `locked`
 serialises read-modify-write cycles (a sweep's manifest, results.csv, the remembered microbatch sizes) across the
 processes of a sweep, with `filelock` (a `<file>.lock` beside the file)."""
 
@@ -12,15 +13,18 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from .outputs import writing
+
 
 @contextlib.contextmanager
 def atomic_open(path, mode: str = "w", **kwargs):
     """A file handle whose content replaces `path` only when the block ends without an exception."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with writing(path.parent, path.name):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **kwargs) as fh:
+        with writing(path.parent, path.name), os.fdopen(fd, mode, **kwargs) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

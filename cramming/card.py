@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 
 from .atomic import write_atomic
+from .untrusted import inside, read_json
 
 CARD = "README.md"
 
@@ -97,22 +98,27 @@ def evaluation_lines(evaluations) -> list[str]:
 EVALUATIONS = "eval_results.json"  # eval.py's scores of this folder, one entry per evaluation, oldest first
 
 
+def evaluations_of(folder: Path) -> list[dict]:
+    """The folder's eval_results.json (read inside the folder only: a link leading out is refused)."""
+    path = inside(folder, EVALUATIONS, str(folder))
+    done = read_json(path, what="eval_results.json") if path.is_file() else []
+    return done if isinstance(done, list) else []
+
+
 def write_card(folder: Path, summary: dict, head=None) -> None:
-    evaluations = Path(folder) / EVALUATIONS
-    done = json.loads(evaluations.read_text()) if evaluations.is_file() else []
-    write_atomic(Path(folder) / CARD, card_text(summary, done, head))
+    write_atomic(Path(folder) / CARD, card_text(summary, evaluations_of(folder), head))
 
 
 def add_evaluation(folder: Path, entry: dict, head_of) -> bool:
     """Add eval.py's scores (benchmark, seeds, scores, comparable, finished_at) to one of our checkpoints' cards,
     kept in its eval_results.json; other folders (a hub model's snapshot) are left alone. Returns whether the card
-    was written. head_of(objective): the class that objective pretrains (card_text's head)."""
+    was written. head_of(objective): the class that objective pretrains (card_text's head). What the folder holds
+    is read inside it only; a write the file system refuses raises OSError for the caller to report."""
     folder = Path(folder)
     if not (folder / "train_summary.json").is_file() or not (folder / CARD).is_file():
         return False
-    evaluations = folder / EVALUATIONS
-    done = json.loads(evaluations.read_text()) if evaluations.is_file() else []
-    write_atomic(evaluations, json.dumps([*done, entry], indent=2))
-    summary = json.loads((folder / "train_summary.json").read_text())
+    summary = read_json(inside(folder, "train_summary.json", str(folder)), what="train_summary.json")
+    done = evaluations_of(folder)
+    write_atomic(folder / EVALUATIONS, json.dumps([*done, entry], indent=2))
     write_card(folder, summary, head_of(summary["config"]["arch"]["objective"]))
     return True

@@ -4,7 +4,6 @@ pretrain.py and eval.py at the repository root call them, and so do the installe
 directory (outputs/, multirun/)."""
 
 import functools
-import shutil
 import sys
 from pathlib import Path
 
@@ -15,14 +14,15 @@ from hydra.types import RunMode
 from .cli import run_entry
 from .engines import env_rank, launched_by_torchrun, quiet_hydra_on_other_ranks
 from .errors import EXIT_USER_ERROR, UserError, exit_on_user_error
+from .run_folder import undo_refused
 from .sweep import eval_after_config, evaluate_after, name_jobs_by_swept_keys, objective_value, sweep_job
 
 CONFIGS = "pkg://cramming.conf"
 
 
 def leaves_nothing_when_refused(fn):
-    """A run refused (a UserError) leaves no folder behind when Hydra's bookkeeping is all it holds; a sweep's job
-    folder stays, as its record of the failure."""
+    """A run refused (a UserError) leaves behind nothing this process added but what it wrote besides Hydra's
+    bookkeeping (run_folder.undo_refused); a sweep's job folder stays, as its record of the failure."""
 
     @functools.wraps(fn)
     def wrapper(cfg):
@@ -30,22 +30,10 @@ def leaves_nothing_when_refused(fn):
             return fn(cfg)
         except UserError:
             if HydraConfig.get().mode == RunMode.RUN:
-                remove_if_bookkeeping(Path(HydraConfig.get().runtime.output_dir))
+                undo_refused(Path(HydraConfig.get().runtime.output_dir))
             raise
 
     return wrapper
-
-
-def remove_if_bookkeeping(run_dir: Path) -> None:
-    """Remove `run_dir` (and its parents up to the current directory, once empty) when it holds nothing but
-    Hydra's own files (.hydra/, the job's log)."""
-    if not run_dir.is_dir() or not all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
-        return
-    shutil.rmtree(run_dir)
-    for parent in run_dir.parents:
-        if parent == Path.cwd() or not parent.is_relative_to(Path.cwd()) or any(parent.iterdir()):
-            break
-        parent.rmdir()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="pretrain")
@@ -62,7 +50,7 @@ def pretrain_main(cfg) -> float | None:
     eval_config = eval_after_config(config)  # eval_after: composed and checked now, task data included
     summary = pretrain(config, run_dir)
     if summary.get("dryrun") and HydraConfig.get().mode == RunMode.RUN:
-        remove_if_bookkeeping(Path(run_dir))  # a dry run checked the config and made nothing to keep
+        undo_refused(Path(run_dir))  # a dry run checked the config and made nothing to keep
     if env_rank() != 0:
         return None  # rank 0 evaluates, records and returns the objective
     if eval_config and summary.get("stopped_by"):  # told to stop while it saved: the evaluation is not begun
@@ -79,7 +67,7 @@ def prepare_only(config, run_dir: Path) -> None:
     from .data.prepare import prepare_data  # heavy (tokenizers, torch): only with data_only=true
 
     folder, _ = prepare_data(config.data)
-    remove_if_bookkeeping(run_dir)
+    undo_refused(run_dir)
     print(f"prepared: {folder}", flush=True)
 
 

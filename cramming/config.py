@@ -254,7 +254,7 @@ class ImplConfig:
 
 @dataclass
 class PretrainConfig:
-    name: str = "default"  # the run's name: its folder is outputs/<name>/<date>
+    name: str = "default"  # the run's name: its folder is outputs/<name>/<date>_<time>, so a relative path inside outputs/
     seed: int = 0  # one seed for model init, data order and masking
     budget: float = 24.0  # wall-clock hours of training; the clock starts after data preparation and model build
     dryrun: bool = False  # check the config and build the model, then stop

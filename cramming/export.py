@@ -2,7 +2,8 @@
 package: `python -m cramming.export <run>/checkpoints/step-<n> [<out>]` writes what a run's `checkpoint/` holds
 (the weights, config.json with its auto_map, the model code, the tokenizer and a model card) to `<out>`, by
 default `<run>/exported/step-<n>/`. Step folders are resume points: their config.json is the run's config, read by
-train.resume, so they stay as they are and the export is a folder of its own.
+train.resume, so they stay as they are and the export is a folder of its own. `<out>` must be new, empty or an
+earlier export (a model folder cramming wrote); anything else is refused and left as it is (docs/security.md).
 `python -m cramming.export --onnx <model or step folder> [<out.onnx>]` writes an ONNX graph instead (export_onnx.py)."""
 
 import argparse
@@ -11,39 +12,60 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from transformers import PreTrainedTokenizerFast
 
 from .errors import UserError, exit_on_user_error
 from .export_onnx import TOLERANCE, export_onnx
 from .impl import Runtime
 from .model.arch import ArchConfig
-from .renames import moved
 from .run import build_model, count_parameters
 from .train.checkpoint import save_checkpoint
-from .train.resume import MARKER
-from .train.state import load_saved
+from .train.resume import MARKER, read_step
+from .untrusted import plain_data
+
+
+def output_problem(step: Path, out: Path) -> str | None:
+    """Where an export may not go: the current folder (or one holding it), or inside the step folder it reads."""
+    out = out.absolute()
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
+        return f"{out} is the current folder or holds it; give a new folder to export into"
+    if out.resolve().is_relative_to(step.resolve()):
+        return f"{out} lies inside the step folder {step}, which is read, never written; give a folder outside it"
+    return None
+
+
+def saved_arch(config: dict, where: Path) -> ArchConfig:
+    """The step's model options as plain data onto the schema: never an interpolation resolved from the environment,
+    and an option this cramming does not know (a newer one wrote the step) is one line."""
+    plain_data(config.get("arch"), f"{where} config arch")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), config["arch"]))
+    except (KeyError, TypeError, ValueError, OmegaConfBaseException) as err:
+        key = getattr(err, "full_key", None) or (str(err).splitlines() or [""])[0][:200]
+        raise UserError(f"{where}: its model options are not ones this cramming reads ({key}); a newer cramming "
+                        "may have written it: export it with that version") from None
 
 
 def export_step(step: Path, out: Path | None = None) -> Path:
     """Write the step folder `step` as a model folder (default <run>/exported/<step name>); returns it."""
     step = Path(step)
-    if not (step / MARKER).is_file() or not (step / "state.pt").is_file():
-        raise UserError(f"{step} is not a complete step folder (no {MARKER} and state.pt): give one of a run's "
-                        "checkpoints/step-<n>/ folders")
-    if not (step / "tokenizer").is_dir():
-        raise UserError(f"{step} carries no tokenizer (written before step folders held one); the run's "
-                        "checkpoint/ folder loads as it is")
-    saved = load_saved(step / "state.pt")
-    if "model" not in saved:
-        raise UserError(f"{step} holds its weights in an engine's shards (FSDP2, DeepSpeed); resume the run "
-                        "with one process (train.resume) and export a step it writes")
-    config = moved(saved["config"])
-    arch = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), config["arch"]))
+    out = Path(out) if out is not None else step.parent.parent / "exported" / step.name
+    if problem := output_problem(step, out):
+        raise UserError(problem)
+    saved, config = read_step(step)
+    arch = saved_arch(config, step / "state.pt")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(step / "tokenizer")
     special = {"pad": tokenizer.pad_token_id, "cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
                "mask": tokenizer.mask_token_id}
     model = build_model(arch, len(tokenizer), special, Runtime(torch.device("cpu"), "fp32", False))
-    model.load_state_dict(saved["model"])
+    try:
+        model.load_state_dict(saved["model"])
+    except (RuntimeError, TypeError, AttributeError) as err:
+        detail = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line or "Missing" in line
+                       or "Unexpected" in line), (str(err).splitlines() or [""])[0])
+        raise UserError(f"{step / 'state.pt'}: its weights do not fit the model its config describes "
+                        f"({detail[:300]}); not a step folder cramming wrote") from None
     state = saved["state"]
     summary = {"name": config["name"], "budget_hours": config["budget"], "config": config,
                "data": {"vocab_size": len(tokenizer)}, "parameters": count_parameters(model),
@@ -51,9 +73,7 @@ def export_step(step: Path, out: Path | None = None) -> Path:
                "elapsed_seconds": state["elapsed"], "val_loss": None,
                "untrained_val_loss": state["untrained"].get("val_loss", float("nan")),
                "init_from": config["train"].get("init_from"), "exported_from": str(step.resolve())}
-    out = Path(out) if out is not None else step.parent.parent / "exported" / step.name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return save_checkpoint(model, tokenizer, summary, out.parent, out.name)
+    return save_checkpoint(model, tokenizer, summary, out.absolute().parent, out.absolute().name)
 
 
 class Parser(argparse.ArgumentParser):

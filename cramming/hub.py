@@ -17,7 +17,7 @@ import huggingface_hub
 from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
 from .errors import UserError
-from .model_code import blob_id, foreign_code, named_modules, our_closure, ours
+from .model_code import foreign_code, is_ours, named_modules, our_closure
 
 # What a model folder needs: its config, weights and tokenizer (not other frameworks' weights, nor ONNX exports).
 # Code (*.py) only when it will be allowed to run.
@@ -139,14 +139,35 @@ def _from_hub(key: str, value: str, allow_code: bool, allow_key: str) -> Path:
 
 
 def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:
-    """Whether the hub holds our bytes under these names, from the ids it lists for each file: nothing fetched."""
+    """Whether the hub holds a version of our code under each of these names (model_code.shipped), from the ids it
+    lists for each file: nothing fetched."""
     try:
         info = huggingface_hub.HfApi().model_info(value, files_metadata=True)
         listed = {f.rfilename: f.blob_id for f in info.siblings or []}
     except (OSError, ValueError) as err:
         raise UserError(f"{key}={value!r}: listing its files on the Hugging Face hub failed "
                         f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})") from None
-    return all(listed.get(name) == blob_id(ours()[name]) for name in files)
+    return all(name in listed and is_ours(name, None, listed[name]) for name in files)
+
+
+def hub_cache() -> Path:
+    """The folder huggingface_hub keeps its downloads in (HF_HUB_CACHE, HF_HOME, ...): never written by us."""
+    return Path(huggingface_hub.constants.HF_HUB_CACHE).expanduser().resolve()
+
+
+def in_hub_cache(folder: Path) -> bool:
+    return Path(folder).absolute().is_relative_to(hub_cache()) or Path(folder).resolve().is_relative_to(hub_cache())
+
+
+def bounds(folder: Path) -> Path:
+    """The folder a model folder's files must lie in: the folder itself, or for a hub snapshot (whose files are links
+    to the repository's blobs) the repository's folder in the hub cache."""
+    folder = Path(folder).resolve()
+    if in_hub_cache(folder):
+        for parent in [folder, *folder.parents]:
+            if parent.name.startswith(("models--", "datasets--")) and parent.parent == hub_cache():
+                return parent
+    return folder
 
 
 def _download(key: str, value: str, patterns: list[str], reason: str | None) -> Path:

@@ -1,27 +1,40 @@
-"""Which code a model folder runs when it is loaded, and whether that code is ours.
+"""Which code a model folder would run when it is loaded, and whether that code is ours (docs/security.md).
 
-A folder whose config.json (or tokenizer_config.json) has an `auto_map` makes transformers import the Python files
-it names, with their relative imports, under `trust_remote_code=True`. We load our own checkpoints that way, so
-their code is allowed when it is byte for byte the code a save of this cramming writes (`ours()`): the files of
-cramming/model/, with cramming/registry.py as registry.py. Any other code runs only when the user asks for it
-(eval.trust_remote_code, train.trust_remote_code), as transformers itself asks. In-library models (BERT,
+transformers imports Python files from a model folder when a JSON file it reads there has an `auto_map` naming
+a module (config.json, tokenizer_config.json, a processor's config, or a versioned config that config.json's
+`configuration_files` names), with the module's relative imports, under `trust_remote_code=True`. `foreign_code`
+reads every such JSON file of the folder and follows the relative imports of the modules named, from the folder's
+own files (read as text, never imported), and names the first file that is not ours.
+
+Ours means a version of cramming/model/ that cramming has saved into checkpoints: this installation's files and
+every earlier version recorded in model_code_shipped.json (scripts/shipped_model_code.py), so a checkpoint written
+by an older cramming stays ours. Our folders are then loaded with this package's own classes (registered with
+transformers' Auto classes, `trust_remote_code=False`), so nothing in the folder is imported, even if it changes
+after this check. Any other code runs only when the user asks for it (eval.trust_remote_code,
+train.trust_remote_code), and then transformers imports it from the folder. In-library models (BERT,
 ModernBERT, ...) have no auto_map and run nothing from their folder.
 """
 
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 
+from .errors import UserError
+from .untrusted import JSON_LIMIT, check_size, inside, read_json
+
 PACKAGE = Path(__file__).resolve().parent
-# The JSON files transformers reads an auto_map from when a model or its tokenizer is loaded.
-CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+SHIPPED = PACKAGE / "model_code_shipped.json"
+CODE_LIMIT = 4 << 20  # one model file: ours are tens of kilobytes
+# The two forms transformers follows (dynamic_module_utils.get_relative_imports): `from .x import y`, `import .x`.
+RELATIVE_IMPORT = re.compile(r"^\s*(?:from\s+\.(\S+)\s+import|import\s+\.(\S+)\s*$)", flags=re.MULTILINE)
 
 
 @functools.cache
 def ours() -> dict[str, bytes]:
-    """Every model file a save writes, by name: the package's model/*.py, and the registry itself in place of
-    model/registry.py's re-export (registry.copy_into)."""
+    """Every model file a save of this installation writes, by name: the package's model/*.py, and the registry
+    itself in place of model/registry.py's re-export (registry.copy_into)."""
     files = {path.name: path.read_bytes() for path in (PACKAGE / "model").glob("*.py")}
     files["registry.py"] = (PACKAGE / "registry.py").read_bytes()
     return files
@@ -32,48 +45,114 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+@functools.cache
+def shipped() -> dict[str, frozenset[str]]:
+    """Blob ids of every version of each model file cramming has saved: the record, and this installation's own."""
+    record = json.loads(SHIPPED.read_text()) if SHIPPED.is_file() else {}
+    for name, data in ours().items():
+        record[name] = [*record.get(name, []), blob_id(data)]
+    return {name: frozenset(ids) for name, ids in record.items()}
+
+
+def shipped_names() -> frozenset[str]:
+    return frozenset(shipped())
+
+
+def is_ours(name: str, data: bytes | None, listed_id: str | None = None) -> bool:
+    """Whether `data` (or the file the hub lists with `listed_id`) is a version of our model file `name`."""
+    return (listed_id or blob_id(data)) in shipped().get(name, ())
+
+
+# The JSON files transformers reads an auto_map from when a model, its tokenizer or its processor is loaded.
+CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+                "video_preprocessor_config.json", "feature_extractor_config.json", "image_processor_config.json")
+
+
+def config_files(folder: Path) -> list[Path]:
+    """The JSON files transformers may read an auto_map from: those of CONFIG_FILES the folder holds, its versioned
+    configs (config.<version>.json), and whatever config.json's `configuration_files` names (which must lie inside
+    the folder)."""
+    folder = Path(folder)
+    found = sorted({*(folder / name for name in CONFIG_FILES), *folder.glob("config.*.json")})
+    found = [p for p in found if p.is_file()]
+    for path in list(found):
+        named = _json(path).get("configuration_files")
+        for name in named if isinstance(named, list) else []:
+            extra = inside(folder, str(name), f"{path} (configuration_files)")
+            if extra.is_file() and extra not in found:
+                found.append(extra)
+    return found
+
+
+def _json(path: Path) -> dict:
+    """A JSON file's object, or {} when it is none (not ours to judge: loading it fails on its own terms)."""
+    try:
+        check_size(path, JSON_LIMIT, "JSON file of a model folder")
+        value = read_json(path)
+    except UserError as err:
+        if "larger than" in str(err):
+            raise
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _references(auto_map) -> list[str]:
+    """The "module.Class" strings of an auto_map: a dict of Auto class -> reference (a tokenizer's: a [slow, fast]
+    pair, either None), or the older list form of a tokenizer's pair."""
+    values = auto_map.values() if isinstance(auto_map, dict) else [auto_map] if isinstance(auto_map, list) else []
+    refs = []
+    for value in values:
+        refs += [r for r in (value if isinstance(value, list | tuple) else [value]) if isinstance(r, str)]
+    return refs
+
+
 def named_modules(folder: Path) -> list[str]:
     """The modules the folder's auto_maps name, as written ("modeling_crammed", or "other/repo--module" for code
     that transformers fetches from another repository)."""
     modules = set()
-    for name in CONFIG_FILES:
-        path = Path(folder) / name
-        try:
-            auto_map = json.loads(path.read_text(encoding="utf-8")).get("auto_map") if path.is_file() else None
-        except (OSError, ValueError, AttributeError):
-            continue  # not ours to judge: loading it fails on its own terms, and runs nothing
-        for value in (auto_map or {}).values():
-            for reference in value if isinstance(value, list | tuple) else [value]:
-                if isinstance(reference, str):  # a tokenizer's pair may hold None for its slow class
-                    modules.add(reference.rsplit(".", 1)[0])
+    for path in config_files(folder):
+        modules |= {ref.rsplit(".", 1)[0] for ref in _references(_json(path).get("auto_map"))}
     return sorted(modules)
 
 
-def our_closure(modules: list[str]) -> list[str] | None:
-    """The files our own modules of these names import (relative imports, as transformers follows them), or None
-    when a module is not one of ours."""
-    from transformers.dynamic_module_utils import get_relative_import_files  # ~1 s: only for a folder naming code
-
-    if not all(f"{module}.py" in ours() for module in modules):
-        return None
-    files = set()
-    for module in modules:
-        source = PACKAGE / "model" / f"{module}.py"
-        files |= {f"{module}.py", *(Path(p).name for p in get_relative_import_files(str(source)))}
-    return sorted(files)
+def closure(folder: Path, modules: list[str]) -> tuple[list[str], str | None]:
+    """(the files the modules are and import relatively, as transformers follows them; the first one named that
+    the folder does not hold, or None). Read as text from the folder, never imported."""
+    seen, missing, todo = [], None, [f"{m}.py" for m in modules]
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.append(name)
+        path = Path(folder) / name
+        if "/" in name or "--" in name or not path.is_file() or path.is_symlink():
+            missing = missing or name
+            continue
+        check_size(path, CODE_LIMIT, "model code file")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        todo += [f"{(a or b).replace('.', '/')}.py" for a, b in RELATIVE_IMPORT.findall(text)]
+    return seen, missing
 
 
 def foreign_code(folder: Path) -> str | None:
-    """The first file the folder would run that is not ours (or the reason it cannot be ours), or None when it runs
-    none or only ours."""
+    """The first file the folder would run that is not ours (or a module it names but does not hold), or None when
+    it runs none or only ours."""
     modules = named_modules(folder)
     if not modules:
         return None
-    closure = our_closure(modules)
-    if closure is None:
-        return f"{next(m for m in modules if f'{m}.py' not in ours())}.py"
-    for name in closure:
-        path = Path(folder) / name
-        if not path.is_file() or path.read_bytes() != ours()[name]:
+    files, missing = closure(folder, modules)
+    for name in files:
+        if name == missing:
+            return name
+        if not is_ours(name, (Path(folder) / name).read_bytes()):
             return name
     return None
+
+
+def our_closure(modules: list[str]) -> list[str] | None:
+    """The files this installation's modules of these names import (what to fetch of a hub repository that names
+    them), or None when a module is not one of ours."""
+    if not all(f"{module}.py" in ours() for module in modules):
+        return None
+    files, _ = closure(PACKAGE / "model", modules)
+    return sorted(files)

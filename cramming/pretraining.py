@@ -35,7 +35,7 @@ from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch, microbatch_size
 from .train.nonfinite import NONFINITE
-from .train.resume import Checkpointer, find_resume, load_checkpoint, resume_folder
+from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.signals import StopFlag
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
@@ -117,10 +117,9 @@ def choose_microbatch(config: PretrainConfig, model, meta: dict, runtime, engine
     return microbatch
 
 
-def resume(config: PretrainConfig, run_dir: Path, engine, model, optimizer, scaler, say, averaging=None):
-    """A fresh TrainState, or the one of the checkpoint train.resume finds (with its metrics carried over)."""
-    found = find_resume(config.train.resume, run_dir, config) if engine.main else None
-    found = engine.broadcast(found)
+def resume(config: PretrainConfig, run_dir: Path, found: Path | None, engine, model, optimizer, scaler, say,
+           averaging=None):
+    """A fresh TrainState, or the one of the checkpoint train.resume found (with its metrics carried over)."""
     if found is None:
         return TrainState(), None
     state = load_checkpoint(found, model, optimizer, scaler, engine, averaging)
@@ -137,8 +136,9 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     runtime.device = engine.device(runtime.device)
     # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
     torch.set_flush_denormal(True)
-    if config.train.resume not in ("auto", "never"):
-        resume_folder(config.train.resume)  # before any work: it exists, is whole and loads as plain data
+    # Before any work: train.resume's folder exists, is whole, loads as plain data and fits this run; auto's
+    # sibling run folders are read (and any that cannot be, skipped and said so).
+    found = engine.broadcast(find_resume(config.train.resume, run_dir, config) if engine.main else None)
     source = open_source(config.train.init_from, config.train.trust_remote_code) if config.train.init_from else None
     if source is not None:  # the run reads its text with the source's tokenizer
         config = with_source_tokenizer(config, source, config.data.cache_dir)
@@ -150,7 +150,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
                                 json.loads(json.dumps(asdict(config))), engine, averaging)
     checkpointer.tokenizer = tokenizer if engine.main else None
-    state, resumed_from = resume(config, run_dir, engine, model, optimizer, scaler, say, averaging)
+    state, resumed_from = resume(config, run_dir, found, engine, model, optimizer, scaler, say, averaging)
     microbatch = choose_microbatch(config, model, meta, runtime, engine, say)
     batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch * engine.world,
                             config.impl.num_workers, pin_memory=runtime.device.type == "cuda", start=state.sequences,
@@ -342,5 +342,5 @@ def carry_metrics(checkpoint: Path, run_dir: Path, step: int) -> None:
         source = target  # same folder: drop what was logged after the checkpoint
     if not source.is_file():
         return
-    kept = [line for line in whole_lines(source) if json.loads(line).get("step", 0) <= step]
+    kept = [line for line in whole_lines(source) if json.loads(line).get("step", 0) <= step]  # whole: each an object
     write_atomic(target, "".join(line + "\n" for line in kept))

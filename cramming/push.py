@@ -11,6 +11,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from .card import CARD
 from .errors import UserError, exit_on_user_error
 from .train.checkpoint import is_complete
+from .untrusted import refuse_links_outside
 
 
 def check_folder(folder: Path) -> Path:
@@ -23,6 +24,7 @@ def check_folder(folder: Path) -> Path:
     if not (folder / CARD).is_file():
         raise UserError(f"checkpoint {folder} has no {CARD} model card (written before cards existed); re-save it or "
                         "add one")
+    refuse_links_outside(folder, "push uploads")  # a link would upload whatever it points to
     return folder.resolve()
 
 

@@ -4,6 +4,10 @@ Everything is read from what pretrain.py leaves in a run folder (metrics.jsonl, 
 eval/results.json), so it works offline, without torch, on finished, running and crashed runs alike: a run is
 any folder holding a metrics.jsonl, found recursively under the arguments (Hydra multirun layouts included).
 What the report shows (table, plots, scaling fit, report.md) is in report_plots.py.
+
+Run folders are data someone else may have written (docs/security.md): a file that is a link leading out of its
+run is not read, a file that cannot be read (not UTF-8, not JSON, too large, YAML with aliases) counts as absent,
+and a metrics line that is not a record (a step that is not a number) is skipped; the report says how many.
 """
 
 import argparse
@@ -17,8 +21,11 @@ from pathlib import Path
 import yaml
 
 from .errors import UserError, exit_on_user_error
+from .outputs import claim_folder
 from .renames import RENAMED, moved
-from .report_plots import write_report
+from .report_plots import REPORT_FILES, write_report
+from .untrusted import JSON_LIMIT, check_size, leads_outside, text_lines
+from .untrusted import read_json as read_untrusted_json
 
 # Config keys that differ between any two runs without describing the experiment.
 NOISE_KEYS = {"name", "data.cache_dir", "train.resume"}
@@ -97,30 +104,77 @@ def parse_overrides(items) -> dict:
     return out
 
 
-def read_json(path: Path):
+SKIPPED: list[str] = []  # what could not be read, said under the report's table
+
+
+def readable(path: Path, run: Path | None = None) -> bool:
+    """A run's file that is there and may be read: not a link leading out of its run folder."""
+    if not path.is_file():
+        return False
+    if run is not None and leads_outside(run, path):
+        SKIPPED.append(f"{path}: a link leading outside its run folder, not read")
+        return False
+    return True
+
+
+def read_json(path: Path, run: Path | None = None):
+    if not readable(path, run):
+        return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_untrusted_json(path)
+    except (OSError, UserError) as err:
+        SKIPPED.append(str(err))
         return None
 
 
-def read_yaml(path: Path):
+class PlainYaml(yaml.SafeLoader):
+    """YAML without aliases: Hydra never writes them, and a few nested ones can stand for billions of values."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("aliases are not read")
+        return super().compose_node(parent, index)
+
+
+def read_yaml(path: Path, run: Path | None = None):
+    if not readable(path, run):
+        return None
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        check_size(path, JSON_LIMIT, "run config")
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=PlainYaml)  # a SafeLoader without aliases
+    except (OSError, UnicodeDecodeError, UserError, yaml.YAMLError) as err:
+        SKIPPED.append(f"{path}: not read ({(str(err).splitlines() or [''])[0][:120]})")
         return None
 
 
-def read_metrics(path: Path) -> tuple[list[dict], dict | None, list[dict]]:
-    """Training lines, the validation line and the events. A line cut short by a crash is skipped; a line whose
-    step is not past the previous one (after a rollback or a resume) replaces what it rewinds over."""
-    curve, final, events = [], None, []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict):
+def metrics_record(line: str) -> dict | None:
+    """A metrics.jsonl line as a record: an object whose step (where it has one) is a whole number and whose
+    losses are numbers; None for anything else (a line cut short by a crash, a line someone else wrote)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step", 0), int) or isinstance(record.get("step"), bool):
+        return None
+    if any(k in record and not isinstance(record[k], int | float) for k in ("loss", "val_loss", "tokens", "elapsed_s")):
+        return None
+    return record
+
+
+def read_metrics(path: Path, run: Path | None = None) -> tuple[list[dict], dict | None, list[dict]]:
+    """Training lines, the validation line and the events. A line that is not a record (cut short by a crash,
+    or not one pretrain.py writes) is skipped and counted; a line whose step is not past the previous one (after a
+    rollback or a resume) replaces what it rewinds over."""
+    curve, final, events, bad = [], None, [], 0
+    try:
+        lines = list(text_lines(path)) if readable(path, run) else []
+    except UserError as err:
+        SKIPPED.append(str(err))
+        lines = []
+    for line in lines:
+        record = metrics_record(line)
+        if record is None:
+            bad += line.strip() != ""
             continue
         if "event" in record:
             events.append(record)
@@ -130,24 +184,27 @@ def read_metrics(path: Path) -> tuple[list[dict], dict | None, list[dict]]:
             while curve and curve[-1]["step"] >= record["step"]:
                 curve.pop()
             curve.append(record)
+    if bad:
+        SKIPPED.append(f"{path}: {bad} line(s) that are not metrics records skipped")
     return curve, final, events
 
 
 def load_run(path: Path) -> Run:
     """The config comes from one source per run, so sources never disagree: Hydra's composed config, else the
     summary's; then the group choices (`arch=crammed-bert-tiny`) and the command line's overrides."""
-    summary = read_json(path / "train_summary.json")
+    summary = read_json(path / "train_summary.json", path)
     summary = summary if isinstance(summary, dict) else None
-    config = read_yaml(path / ".hydra" / "config.yaml")
+    config = read_yaml(path / ".hydra" / "config.yaml", path)
     if not isinstance(config, dict):
         config = (summary or {}).get("config") or {}
-    hydra = read_yaml(path / ".hydra" / "hydra.yaml")  # its config group choices: arch=..., data=...
+    config = config if isinstance(config, dict) else {}
+    hydra = read_yaml(path / ".hydra" / "hydra.yaml", path)  # its config group choices: arch=..., data=...
     try:
         choices = {k: v for k, v in hydra["hydra"]["runtime"]["choices"].items() if not k.startswith("hydra/")}
     except (KeyError, TypeError, AttributeError):
         choices = {}
-    config = flatten(moved(config)) | choices | parse_overrides(read_yaml(path / ".hydra" / "overrides.yaml"))
-    curve, final, events = read_metrics(path / "metrics.jsonl")
+    config = flatten(moved(config)) | choices | parse_overrides(read_yaml(path / ".hydra" / "overrides.yaml", path))
+    curve, final, events = read_metrics(path / "metrics.jsonl", path)
     return Run(path=path, config=config, curve=curve, final=final, summary=summary, events=events)
 
 
@@ -169,13 +226,13 @@ def attach_glue(runs: list[Run], roots: list[Path]) -> None:
     found = {run.path: [] for run in runs}
     averaged = {run.path: [] for run in runs}
     for run in runs:
-        found[run.path] += [p for pattern in RESULTS_PLACES for p in run.path.glob(pattern)]
-        averaged[run.path] += [p for pattern in AVERAGED_PLACES for p in run.path.glob(pattern)]
+        found[run.path] += [p for pattern in RESULTS_PLACES for p in run.path.glob(pattern) if readable(p, run.path)]
+        averaged[run.path] += [p for pattern in AVERAGED_PLACES for p in run.path.glob(pattern) if readable(p, run.path)]
     for root in roots:
         for path in root.rglob("results.json"):
-            results = read_json(path)
+            results = read_json(path, root)
             checkpoint = results.get("checkpoint") if isinstance(results, dict) else None
-            if checkpoint and Path(checkpoint).parent.resolve() in found:
+            if isinstance(checkpoint, str) and Path(checkpoint).parent.resolve() in found:
                 kind = averaged if Path(checkpoint).name.startswith("final-") else found
                 kind[Path(checkpoint).parent.resolve()].append(path)
     for run in runs:
@@ -193,6 +250,7 @@ def natural_key(text: str):
 
 
 def collect_runs(paths: list[str]) -> list[Run]:
+    SKIPPED.clear()
     roots = []
     for given in paths:
         path = Path(given).expanduser()
@@ -248,8 +306,11 @@ def main(argv=None) -> Path:
                         f"{', '.join(keys) or 'none'}")
     first = Path(args.paths[0])
     out = Path(args.out) if args.out else (first.parent if first.is_file() else first) / "report"
+    claim_folder(out, lambda entry: entry.name in REPORT_FILES and entry.is_file(), "a report")
     path, table = write_report(runs, keys, out, args.group, args.smooth, args.paths)
     print(table)
+    for line in dict.fromkeys(SKIPPED):
+        print(f"skipped: {line}")
     print(f"report: {path.resolve()}", flush=True)
     return path
 

@@ -257,6 +257,10 @@ def scaling_section(runs, labels: list[str], out: Path) -> list[str]:
              "finished run, whatever else differs between them.")]
 
 
+# Everything write_report writes into its folder: a folder holding anything else is not a report's to replace.
+REPORT_FILES = ("report.md", "runs.csv", "loss_vs_tokens.png", "loss_vs_time.png", "scaling.png")
+
+
 def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: float,
                  sources: list[str]) -> tuple[Path, str]:
     """runs.csv, the figures, and report.md with the table, the loss curves, the scaling fit and the runs that

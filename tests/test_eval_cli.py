@@ -146,7 +146,7 @@ def test_bad_checkpoints(smoke_checkpoint, tmp_path):
     config = json.loads((mismatched / "config.json").read_text())
     config["vocab_size"] = 50
     (mismatched / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match="tokenizer does not belong"):
+    with pytest.raises(UserError, match="config.json does not match its weights: .* the config does not belong"):
         evaluate_in_process(f"checkpoint={mismatched}", *FAST, tmp_path=tmp_path)
     with pytest.raises(UserError, match="no complete checkpoint"):
         evaluate_in_process("name=never-ran", f"runs_dir={tmp_path}", *FAST, tmp_path=tmp_path)

@@ -256,11 +256,20 @@ def test_a_checkpoint_is_checked_whole_before_any_task_is_read(checkpoint, tmp_p
     loaded, config = recipe.check_checkpoint(folder("whole"))
     assert (len(loaded), config.vocab_size) == (len(tokenizer), 48)
 
-    def resized(vocab_size):
+    def grown(size):
+        """The tokenizer with tokens added until it has `size` (the embedding table has config.vocab_size rows)."""
         def change(path):
-            saved = json.loads((path / "config.json").read_text())
-            (path / "config.json").write_text(json.dumps(saved | {"vocab_size": vocab_size}))
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+            tok.add_tokens([f"extra{i}" for i in range(size - len(tok))])
+            tok.save_pretrained(path)
         return change
+
+    def far_id(path):
+        """As many tokens as before, one of them with an id past the table: counts alone would pass it."""
+        saved = json.loads((path / "tokenizer.json").read_text())
+        vocab = saved["model"]["vocab"]
+        vocab[max(vocab, key=vocab.get)] = 1000
+        (path / "tokenizer.json").write_text(json.dumps(saved))
 
     def unpadded(path):
         saved = json.loads((path / "tokenizer_config.json").read_text())
@@ -277,9 +286,9 @@ def test_a_checkpoint_is_checked_whole_before_any_task_is_read(checkpoint, tmp_p
                + "`python -m cramming.export"),
         (lambda path: (path / "config.json").unlink(), "has no config.json: not a model folder"),
         (lambda path: (path / "model.safetensors").unlink(), "has no weights (model.safetensors)"),
-        (resized(len(tokenizer) - 1), f"the tokenizer has {len(tokenizer)} tokens but the model only "
-                                      + f"{len(tokenizer) - 1} embeddings; the tokenizer does not belong to this "
-                                      + "model"),
+        (grown(49), "the tokenizer gives token ids up to 48 but the model has only 48 embeddings; the tokenizer "
+                    + "does not belong to this model"),
+        (far_id, "the tokenizer gives token ids up to 1,000 but the model has only 48 embeddings"),
         (unpadded, "the tokenizer has no padding token"),
     ]
     for number, (change, message) in enumerate(cases):
@@ -287,7 +296,7 @@ def test_a_checkpoint_is_checked_whole_before_any_task_is_read(checkpoint, tmp_p
         with pytest.raises(UserError) as err:
             recipe.check_checkpoint(path)
         assert str(err.value).startswith(f"checkpoint {path}") and message in str(err.value)
-    recipe.check_checkpoint(folder("fits", resized(len(tokenizer))))  # as many embeddings as tokens: it fits
+    recipe.check_checkpoint(folder("fits", grown(48)))  # as many tokens as embeddings: it fits
 
 
 def test_comparability_names_the_published_tasks_that_eval_tasks_leaves_out():

@@ -352,7 +352,7 @@ def test_a_torn_last_metrics_line_does_not_block_resuming(tmp_path):
     assert (tmp_path / "relaunch" / "metrics.jsonl").read_text() == "\n".join(lines[:2]) + "\n"
     # a broken line in the middle is not a torn write: one line naming the file and the line
     (run / "metrics.jsonl").write_text(lines[0] + "\n{oops\n" + lines[1] + "\n")
-    with pytest.raises(UserError, match=r"metrics.jsonl: line 2 of 3 is not JSON"):
+    with pytest.raises(UserError, match=r"metrics.jsonl: line 2 of 3 is not a metrics record"):
         pretraining.carry_metrics(run / "checkpoints" / "step-00000002", run, 2)
 
 

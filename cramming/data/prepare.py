@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from ..atomic import locked
 from ..errors import UserError
+from ..untrusted import check_tokenizer_files
 from .dedup import SeenHashes
 from .packed import PackedTokens
 from .share import use_prepared
@@ -63,12 +64,33 @@ def prepare_data(cfg) -> tuple[Path, dict]:
 
 
 def load_tokenizer(folder: Path):
-    return AutoTokenizer.from_pretrained(folder / "tokenizer")
+    """A prepared folder's tokenizer (the cache's, or data.prepared's someone else made): files bounded in size,
+    no code run."""
+    check_tokenizer_files(folder / "tokenizer")
+    return AutoTokenizer.from_pretrained(folder / "tokenizer", trust_remote_code=False)
+
+
+# A document longer than this is tokenized in pieces of at most this many characters, cut at a space: the packed
+# stream is the same but for the tokens at the cuts, and no single encoding grows with a file someone else wrote
+# (a 200 MB line once made the tokenizer abort the process). Real documents (a book: about 500,000) stay whole.
+PIECE_CHARS = 1_000_000
+
+
+def pieces(doc: str, limit: int = PIECE_CHARS) -> Iterator[str]:
+    """`doc` in pieces of at most `limit` characters, each cut after the last space before the limit (or at the
+    limit where there is none); a document within the limit is its only piece."""
+    start = 0
+    while len(doc) - start > limit:
+        cut = doc.rfind(" ", start, start + limit)
+        cut = cut + 1 if cut > start else start + limit
+        yield doc[start:cut]
+        start = cut
+    yield doc[start:]
 
 
 def _capped(docs: Iterable[str], max_chars: int | None) -> Iterator[str]:
     used = 0
-    for doc in docs:
+    for doc in (piece for whole in docs for piece in pieces(whole)):
         if max_chars is not None and used >= max_chars:
             return
         used += len(doc)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..atomic import locked
 from ..errors import UserError, exit_on_user_error
+from ..untrusted import read_json, refuse_links_outside
 from .packed import PackedTokens
 
 SPLITS = {"train": "train", "val": "validation"}  # the cache's names -> the dataset's
@@ -69,7 +70,10 @@ def import_prepared(path: Path, cache_root: Path) -> Path:
     """The prepared cache folder for an exported dataset folder, built once under `cache_root` (keyed by the
     export's files and sizes) and found again by later runs."""
     path = Path(path)
-    meta = json.loads((path / META).read_text())
+    refuse_links_outside(path, "a run")
+    meta = read_json(path / META, what="exported dataset meta")
+    if problem := meta_problem(meta):
+        raise UserError(f"{path / META}: {problem}; not a dataset folder cramming exported")
     files = sorted((str(p.relative_to(path)), p.stat().st_size) for p in path.rglob("*") if p.is_file())
     folder = Path(cache_root) / f"imported-{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"
     if (folder / "meta.json").exists():
@@ -114,11 +118,59 @@ def _read_splits(path: Path) -> dict:
     return datasets.load_dataset("parquet", data_files=files).with_format("numpy")
 
 
+DTYPES = ("uint16", "uint32")  # what prepare.py writes the token streams in
+
+
 def read_meta(folder: Path) -> dict:
+    """A prepared folder's meta.json, checked as data someone else may have written: the folder's files inside it,
+    the fields a run reads of the kinds prepare.py writes, and every token id of its streams within the
+    vocabulary (an id past the embedding table would fail deep inside the first step)."""
+    folder = Path(folder)
     if not is_prepared(folder):
         raise UserError(f"{folder} is not a prepared data folder (no meta.json and train.bin); "
                         "prepare one with `python pretrain.py data_only=true ...`")
-    return json.loads((Path(folder) / "meta.json").read_text())
+    refuse_links_outside(folder, "a run")
+    meta = read_json(folder / "meta.json", what="prepared data meta.json")
+    problem = meta_problem(meta)
+    if problem:
+        raise UserError(f"{folder / 'meta.json'}: {problem}; not a prepared folder cramming wrote")
+    for split in ("train", "val"):
+        largest = largest_id(folder / f"{split}.bin", meta["dtype"])
+        if largest is not None and largest >= meta["vocab_size"]:
+            raise UserError(f"{folder / f'{split}.bin'} holds token id {largest:,}, past the vocabulary of "
+                            f"{meta['vocab_size']:,} that meta.json gives; the folder's tokens and tokenizer do not "
+                            "belong together")
+    return meta
+
+
+def meta_problem(meta) -> str | None:
+    """What makes a meta.json not one prepare.py writes, or None."""
+    if not isinstance(meta, dict):
+        return "it is not a JSON object"
+    whole = {k: meta.get(k) for k in ("seq_length", "vocab_size", "train_sequences", "val_sequences")}
+    bad = next((k for k, v in whole.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
+    if bad is not None:
+        return f"{bad} is {whole[bad]!r}, not a whole number"
+    if meta["seq_length"] < 2 or meta["vocab_size"] < 1:
+        return f"seq_length {meta['seq_length']} and vocab_size {meta['vocab_size']} make no sequences"
+    if meta.get("dtype") not in DTYPES:
+        return f"dtype is {meta.get('dtype')!r}, not one of {', '.join(DTYPES)}"
+    special = meta.get("special_ids")
+    if not isinstance(special, dict) or not all(isinstance(v, int) and 0 <= v < meta["vocab_size"]
+                                                for v in special.values()):
+        return "special_ids is not a table of token ids within its vocabulary"
+    return None
+
+
+def largest_id(path: Path, dtype: str, block: int = 1 << 24) -> int | None:
+    """The largest token id of a token stream, read in blocks (None for an empty one)."""
+    if not path.is_file():
+        return None
+    largest = None
+    with open(path, "rb") as fh:
+        while (chunk := np.fromfile(fh, dtype=dtype, count=block)).size:
+            largest = max(largest or 0, int(chunk.max()))
+    return largest
 
 
 def prepared_problem(prepared: str | None) -> str | None:

@@ -8,6 +8,7 @@ Causal checkpoints carry a copy made for generation (`for_generation`).
 import json
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import torch
@@ -16,6 +17,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..errors import UserError
 from ..registry import Registry
+from ..untrusted import check_tokenizer_files
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # The ids every tokenizer trained here gives them (what a model needs before any data exists, e.g. a dry run).
@@ -88,10 +90,13 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, max_length
 
 
 def load_pretrained_tokenizer(name: str, max_length: int) -> PreTrainedTokenizerFast:
-    """A Hugging Face tokenizer by hub name or local folder; it must have the BERT-style special tokens."""
+    """A Hugging Face tokenizer by hub name or local folder; it must have the BERT-style special tokens. A folder's
+    tokenizer files are bounded in size, and no code that came with it is run (trust_remote_code=False)."""
+    if Path(name).expanduser().is_dir():
+        check_tokenizer_files(Path(name).expanduser())
     try:
-        tok = AutoTokenizer.from_pretrained(name, model_max_length=max_length)
-    except OSError as err:
+        tok = AutoTokenizer.from_pretrained(name, model_max_length=max_length, trust_remote_code=False)
+    except (OSError, ValueError) as err:
         raise UserError(
             f"data.tokenizer.kind={name!r}: not a built-in kind ({', '.join(TOKENIZER_KINDS)}) and could not be "
             f"loaded as a Hugging Face tokenizer ({str(err).splitlines()[0]})"

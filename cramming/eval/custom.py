@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..errors import UserError, check, check_choice
+from ..untrusted import text_lines
 from .files import json_objects
 from .tasks import Example, TaskData
 
@@ -76,8 +77,9 @@ def _read_rows(path: Path, text_fields: list[str], label_field: str) -> list[tup
 
 def _table(path: Path, suffix: str, wanted: list[str]):
     """CSV (standard quoting) or TSV (quoting off, like the GLUE files); a header line is required."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f) if suffix == ".csv" else csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    lines = text_lines(path)  # UTF-8, each line bounded: one line naming the place otherwise
+    reader = csv.reader(lines) if suffix == ".csv" else csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
         header = next(reader, [])
         missing = [w for w in wanted if w not in header]
         if missing:
@@ -88,6 +90,8 @@ def _table(path: Path, suffix: str, wanted: list[str]):
             if len(fields) != len(header):
                 raise UserError(f"{path} line {reader.line_num}: malformed row ({len(fields)} fields, expected {len(header)})")
             yield reader.line_num, dict(zip(header, fields))
+    except csv.Error as err:
+        raise UserError(f"{path} line {reader.line_num}: not valid {suffix[1:].upper()} ({err})") from None
 
 
 def _as_number(raw) -> float | None:

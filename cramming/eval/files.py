@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..hub import hub_dataset
+from ..untrusted import text_lines
 
 
 def require_files(task: str, paths: Iterable[Path], must: str) -> None:
@@ -20,18 +21,19 @@ def require_files(task: str, paths: Iterable[Path], must: str) -> None:
 def json_objects(path: Path, place: str = "{path} line {number}") -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line. place: how a message names the line, from path and number
     (each task family keeps the wording its users know)."""
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{place.format(path=path, number=number)}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{place.format(path=path, number=number)}: expected a JSON object, got "
-                                f"{type(record).__name__}")
-            yield number, record
+    for number, line in enumerate(text_lines(path), start=1):  # UTF-8, bounded lines (untrusted.py)
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{place.format(path=path, number=number)}: not valid JSON ({err.msg})") from None
+        except RecursionError:
+            raise UserError(f"{place.format(path=path, number=number)}: nested too deeply") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{place.format(path=path, number=number)}: expected a JSON object, got "
+                            f"{type(record).__name__}")
+        yield number, record
 
 
 def hub_rows(task: str, dataset: str, config: str, split: str, fix: str) -> list[tuple[dict, str]]:

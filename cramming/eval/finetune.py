@@ -10,14 +10,17 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 from transformers import AutoConfig, get_scheduler
 
+from .. import model as crammed
 from ..errors import UserError
 from ..registry import Registry
+from ..untrusted import read_json
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
 
@@ -120,19 +123,72 @@ def require_fast(tokenizer, user: str, why: str) -> None:
         raise UserError(f"{user} needs a fast tokenizer ({why}); this checkpoint's is not")
 
 
-def auto_model(auto_class, checkpoint: str, random_init: bool, dropout: float | None = None, fit=None,
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model folder that eval.py checked: loaded with this package's classes or transformers' own, importing
+    nothing from the folder, unless it brings code that is not ours and the user allowed it (`remote_code`:
+    eval.trust_remote_code; docs/security.md). It stands for its path wherever one is printed or joined."""
+
+    path: Path
+    remote_code: bool = False
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __truediv__(self, name) -> Path:
+        return self.path / name
+
+    @classmethod
+    def of(cls, checkpoint) -> "Checkpoint":
+        """A Checkpoint as it is, or a folder's path as one with nothing to run of its own."""
+        return checkpoint if isinstance(checkpoint, cls) else cls(Path(checkpoint))
+
+    def model_type(self) -> str | None:
+        saved = read_json(self.path / "config.json", what="config.json")
+        return saved.get("model_type") if isinstance(saved, dict) else None
+
+
+def our_class(auto_class):
+    """This package's class that `auto_class` (an Auto class of transformers) stands for on a crammed checkpoint:
+    the one our checkpoints' auto_map names for it."""
+    maps = [crammed.AUTO_MAP, *(getattr(getattr(crammed, name), "extra_auto_map", {}) for name in crammed.CLASSES)]
+    reference = next((m[auto_class.__name__] for m in maps if auto_class.__name__ in m), None)
+    if reference is None:
+        raise UserError(f"a crammed checkpoint has no {auto_class.__name__} (its auto_map names none)")
+    return getattr(crammed, reference.rsplit(".", 1)[1])
+
+
+def load_config(checkpoint: Checkpoint, **changes):
+    """The checkpoint's config: ours read by this package's CrammedConfig, an in-library one by transformers, and
+    only with checkpoint.remote_code by the folder's own configuration code."""
+    checkpoint = Checkpoint.of(checkpoint)
+    if not checkpoint.remote_code and checkpoint.model_type() == "crammed":
+        return crammed.CrammedConfig.from_pretrained(checkpoint.path, **changes)
+    return AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=checkpoint.remote_code, **changes)
+
+
+def auto_model(auto_class, checkpoint: Checkpoint, random_init: bool, dropout: float | None = None, fit=None,
                **config_changes):
     """The one way eval builds a model: `auto_class` (an Auto class of transformers) from the checkpoint, or with
     random_init the same architecture untrained. `config_changes` set the head (num_labels, ...); a crammed
-    checkpoint, pretrained without dropout, gets the fine-tuning `dropout` (Cramming's recipe) and `fit(config)`."""
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True, **config_changes)
+    checkpoint, pretrained without dropout, gets the fine-tuning `dropout` (Cramming's recipe) and `fit(config)`.
+    Our checkpoints build this package's classes and import nothing from their folder (docs/security.md)."""
+    checkpoint = Checkpoint.of(checkpoint)
+    config = load_config(checkpoint, **config_changes)
     if config.model_type == "crammed" and dropout is not None:
         config.hidden_dropout = config.attention_dropout = config.classifier_dropout = dropout
         if fit is not None:
             fit(config)
+    trust = checkpoint.remote_code
+    if not trust and config.model_type == "crammed":
+        cls = our_class(auto_class)
+        return cls._from_config(config) if random_init else cls.from_pretrained(checkpoint.path, config=config)
     if random_init:
-        return auto_class.from_config(config, trust_remote_code=True)
-    return auto_class.from_pretrained(checkpoint, config=config, trust_remote_code=True)
+        return auto_class.from_config(config, trust_remote_code=trust)
+    return auto_class.from_pretrained(checkpoint.path, config=config, trust_remote_code=trust)
 
 
 def build_optimizer(model, recipe, fused: bool = True) -> torch.optim.AdamW:

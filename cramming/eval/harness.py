@@ -75,17 +75,15 @@ def check_task(name: str, manager) -> None:
                         "eval=lm-eval reads multiple-choice tasks' acc and acc_norm")
 
 
-def harness_lm(checkpoint: str, tokenizer, runtime, options: LmEvalOptions, max_length: int, random_init: bool):
-    """lm-eval's HFLM on the checkpoint folder (its own loading), or on the untrained model for the baseline."""
+def harness_lm(checkpoint, tokenizer, runtime, options: LmEvalOptions, max_length: int, random_init: bool):
+    """lm-eval's HFLM on the checkpoint's model (or its untrained twin, the baseline), built by eval's one loader
+    (finetune.auto_model): lm-eval then imports nothing from the checkpoint's folder (docs/security.md)."""
     from lm_eval.models.huggingface import HFLM  # the optional extra, as above
 
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
-    common = {"backend": "causal", "tokenizer": tokenizer, "batch_size": options.batch_size, "max_length": max_length,
-              "prefix_token_id": prefix, "trust_remote_code": True}
-    if random_init:
-        model = build_causal_lm(checkpoint, True).to(runtime.device, getattr(torch, DTYPES[runtime.precision]))
-        return HFLM(pretrained=model, **common)
-    return HFLM(pretrained=checkpoint, device=str(runtime.device), dtype=DTYPES[runtime.precision], **common)
+    model = build_causal_lm(checkpoint, random_init).to(runtime.device, getattr(torch, DTYPES[runtime.precision]))
+    return HFLM(pretrained=model.eval(), backend="causal", tokenizer=tokenizer, batch_size=options.batch_size,
+                max_length=max_length, prefix_token_id=prefix)
 
 
 def run_harness(lm, name: str, options: LmEvalOptions, seed: int, log_samples: bool = False) -> dict:

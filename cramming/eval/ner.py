@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..hub import hub_dataset
+from ..untrusted import text_lines
 from .ner_metrics import entity_scores, valid_tag
 from .tasks import TaskData
 
@@ -45,30 +46,29 @@ class Sentence:
 def read_conll(path: Path) -> list[Sentence]:
     """Every sentence of a column-format file; a malformed line is one UserError naming file and line."""
     sentences, words, tags, columns, first, start = [], [], [], None, 0, 0
-    with open(path, encoding="utf-8-sig") as f:
-        for number, line in enumerate(f, start=1):
-            fields = line.split()
-            if fields and fields[0] == "-DOCSTART-":
-                fields = []  # a document boundary ends a sentence, as a blank line does
-            if not fields:
-                if words:
-                    sentences.append(Sentence(words, tags, str(path), start))
-                    words, tags = [], []
-                continue
-            if columns is None:
-                columns, first = len(fields), number
-                if columns < 2:
-                    raise UserError(f"{path} line {number}: 1 column; a CoNLL file needs the word first and the "
-                                    "tag last, separated by spaces")
-            elif len(fields) != columns:
-                raise UserError(f"{path} line {number}: {len(fields)} columns, expected {columns} "
-                                f"(as on line {first}, the file's first word line)")
-            if not valid_tag(fields[-1]):
-                raise UserError(f"{path} line {number}: tag {fields[-1]!r} in the last column is not O, B-<type> or "
-                                "I-<type> (IOB1 or IOB2)")
-            start = start if words else number
-            words.append(fields[0])
-            tags.append(fields[-1])
+    for number, line in enumerate(text_lines(path), start=1):  # UTF-8, each line bounded
+        fields = line.split()
+        if fields and fields[0] == "-DOCSTART-":
+            fields = []  # a document boundary ends a sentence, as a blank line does
+        if not fields:
+            if words:
+                sentences.append(Sentence(words, tags, str(path), start))
+                words, tags = [], []
+            continue
+        if columns is None:
+            columns, first = len(fields), number
+            if columns < 2:
+                raise UserError(f"{path} line {number}: 1 column; a CoNLL file needs the word first and the "
+                                "tag last, separated by spaces")
+        elif len(fields) != columns:
+            raise UserError(f"{path} line {number}: {len(fields)} columns, expected {columns} "
+                            f"(as on line {first}, the file's first word line)")
+        if not valid_tag(fields[-1]):
+            raise UserError(f"{path} line {number}: tag {fields[-1]!r} in the last column is not O, B-<type> or "
+                            "I-<type> (IOB1 or IOB2)")
+        start = start if words else number
+        words.append(fields[0])
+        tags.append(fields[-1])
     if words:
         sentences.append(Sentence(words, tags, str(path), start))
     if not sentences:

@@ -14,65 +14,23 @@ from pathlib import Path
 import torch
 import transformers
 from tqdm import tqdm
-from transformers import AutoConfig, AutoTokenizer
 
 from .. import impl as impl_
 from ..atomic import write_atomic
 from ..card import add_evaluation, without_paths
 from ..errors import UserError
-from ..hub import HubUnreachable, model_folder, refuse_foreign_code
-from ..train.checkpoint import SUMMARY, check_weights, is_complete
+from ..hub import HubUnreachable, in_hub_cache
+from ..outputs import WriteFault, fault_reason
 from ..train.objectives import OBJECTIVES
-from ..train.resume import MARKER as RESUME_MARKER
+from .checkpoint import check_checkpoint, find_checkpoint
 from .config import EvalRunConfig, recipe_for
-from .finetune import run_task, steps_per_run
+from .finetune import Checkpoint, run_task, steps_per_run
 from .kinds import BENCHMARKS
 from .results import append_csv, markdown_table, score_key, seed_statistics
 
 # eval.max_train_examples draws its subset with this fixed seed, not config.seed: every seed and every evaluation
 # of a capped run fine-tunes on the same examples, so their scores differ by the fine-tuning alone.
 SUBSET_SEED = 0
-
-
-def find_checkpoint(config: EvalRunConfig) -> Path:
-    """checkpoint=<folder or hub id> (a hub model is downloaded, or found in the hub cache offline), or the newest
-    complete checkpoint of run `name` (by finish time)."""
-    allowed = config.eval.trust_remote_code
-    if config.checkpoint:
-        return model_folder("checkpoint", config.checkpoint, allowed, "eval.trust_remote_code")
-    runs = Path(config.runs_dir).expanduser()
-    candidates = [p for p in list(runs.glob(f"{config.name}/*/checkpoint")) + list(runs.glob(f"{config.name}/*/*/checkpoint"))
-                  if is_complete(p)]
-    if not candidates:
-        raise UserError(f"name={config.name!r}: no complete checkpoint under {runs}/{config.name}/ "
-                        "(a run still training or stopped early has none); pass checkpoint=<folder>")
-    newest = max(candidates, key=lambda p: json.loads((p / SUMMARY).read_text()).get("finished_at", "")).resolve()
-    if not allowed:
-        refuse_foreign_code("name", config.name, newest, "eval.trust_remote_code")
-    return newest
-
-
-def check_checkpoint(path: Path):
-    """A usable checkpoint has weights, a config and a tokenizer that fits the model's embedding table."""
-    if (path / RESUME_MARKER).is_file() and (path / "state.pt").is_file():
-        raise UserError(f"checkpoint {path} is a step folder (a resume point of a run), not a model folder; make "
-                        f"it one with `python -m cramming.export {path}` and evaluate the folder that prints")
-    if not (path / "config.json").is_file():
-        raise UserError(f"checkpoint {path} has no config.json: not a model folder")
-    if not any((path / f).is_file() for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")):
-        raise UserError(f"checkpoint {path} has no weights (model.safetensors): incomplete or still being written")
-    check_weights(path)
-    try:
-        model_config = AutoConfig.from_pretrained(path, trust_remote_code=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
-    except (OSError, ValueError) as err:
-        raise UserError(f"checkpoint {path} could not be loaded: {str(err).splitlines()[0]}") from None
-    if len(tokenizer) > model_config.vocab_size:
-        raise UserError(f"checkpoint {path}: the tokenizer has {len(tokenizer)} tokens but the model only "
-                        f"{model_config.vocab_size} embeddings; the tokenizer does not belong to this model")
-    if tokenizer.pad_token_id is None:
-        raise UserError(f"checkpoint {path}: the tokenizer has no padding token")
-    return tokenizer, model_config
 
 
 def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
@@ -146,7 +104,7 @@ def finetune_tasks(config, checkpoint, tokenizer, tasks, runtime, random_init: b
     per_task, scores = {}, {}
     for task in tasks:
         recipe = recipe_for(config.eval, task.name)
-        runs = [run_task(str(checkpoint), tokenizer, task, recipe, config.seed + i, runtime, random_init,
+        runs = [run_task(checkpoint, tokenizer, task, recipe, config.seed + i, runtime, random_init,
                           f"{label} {task.name} seed {config.seed + i}", progress) for i in range(config.eval.seeds)]
         summary = {split: seed_statistics([r["final"][split][task.main_metric] for r in runs]) for split in task.dev}
         per_task[task.name] = {"main_metric": task.main_metric, "metrics": task.metric_names,
@@ -259,7 +217,22 @@ def write_results(config, checkpoint, results: dict, table_rows: dict, predictio
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in results["skipped"].items():
         print(f"(skipped {name}: {reason})")
-    if add_evaluation(checkpoint, card_entry(config, results, table_rows["pretrained"]), objective_head):
-        print(f"model card: {checkpoint / 'README.md'} (with these scores)", flush=True)
+    if line := update_card(checkpoint, card_entry(config, results, table_rows["pretrained"])):
+        print(line, flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()
+
+
+def update_card(checkpoint: Checkpoint, entry: dict) -> str | None:
+    """Add the scores to the checkpoint's model card, where it is one of our folders and the user's to change: a
+    hub download (the hub cache) is never written. Returns the line to print: where the card is, or why it was
+    left as it is (results.json holds the scores either way)."""
+    folder = checkpoint.path
+    if in_hub_cache(folder):
+        return None  # a hub model's snapshot: the hub's, not ours (docs/evaluation.md, *Model card*)
+    try:
+        written = add_evaluation(folder, entry, objective_head)
+    except (OSError, UserError) as err:
+        reason = err.reason if isinstance(err, WriteFault) else fault_reason(err, folder) or str(err)
+        return f"model card: {folder / 'README.md'} not updated ({reason}); the scores are in results.json"
+    return f"model card: {folder / 'README.md'} (with these scores)" if written else None

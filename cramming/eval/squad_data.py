@@ -14,6 +14,7 @@ from typing import ClassVar
 from ..errors import UserError
 from ..hub import hub_dataset
 from ..registry import Registry
+from ..untrusted import DATA_FILE_LIMIT, read_text
 from .files import require_files
 
 
@@ -123,7 +124,7 @@ def parse_squad(document, version: int, where: Where) -> list[SquadExample]:
 
 
 def read_squad_file(path: Path, version: int) -> list[SquadExample]:
-    raw = path.read_text(encoding="utf-8-sig")
+    raw = read_text(path, DATA_FILE_LIMIT, "SQuAD file")  # UTF-8, its size bounded
     try:
         document = json.loads(raw)
     except json.JSONDecodeError as err:

@@ -8,11 +8,11 @@ before any training. Both score accuracy on the dev split (SWAG's val, RACE's de
 """
 
 import csv
-import json
 import re
 from pathlib import Path
 
 from ..errors import UserError, check
+from ..untrusted import DATA_FILE_LIMIT, read_json, text_lines
 from .files import hub_rows, require_files
 from .multiple_choice_head import ChoiceExample
 from .tasks import TaskData
@@ -49,22 +49,28 @@ def swag_example(row: dict, where: str) -> ChoiceExample:
 
 def read_swag_csv(path: Path) -> list[ChoiceExample]:
     """Rows of a SWAG CSV (quoted fields may span lines: `line` is where a row starts)."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, [])
-        missing = [c for c in SWAG_COLUMNS if c not in header]
-        if missing:
-            raise UserError(f"{path} line 1: header lacks column(s) {', '.join(missing)} "
-                            f"(header: {','.join(header) or 'empty file'})")
-        examples, line = [], reader.line_num + 1
-        for fields in reader:
-            if fields:
-                where = f"{path} line {line}"
-                if len(fields) != len(header):
-                    raise UserError(f"{where}: {len(fields)} fields, expected {len(header)} (a SWAG row needs "
-                                    "four endings)")
-                examples.append(swag_example(dict(zip(header, fields)), where))
-            line = reader.line_num + 1
+    reader = csv.reader(text_lines(path))  # UTF-8, each line bounded
+    try:
+        return swag_rows(path, reader)
+    except csv.Error as err:
+        raise UserError(f"{path} line {reader.line_num}: not valid CSV ({err})") from None
+
+
+def swag_rows(path: Path, reader) -> list[ChoiceExample]:
+    header = next(reader, [])
+    missing = [c for c in SWAG_COLUMNS if c not in header]
+    if missing:
+        raise UserError(f"{path} line 1: header lacks column(s) {', '.join(missing)} "
+                        f"(header: {','.join(header) or 'empty file'})")
+    examples, line = [], reader.line_num + 1
+    for fields in reader:
+        if fields:
+            where = f"{path} line {line}"
+            if len(fields) != len(header):
+                raise UserError(f"{where}: {len(fields)} fields, expected {len(header)} (a SWAG row needs "
+                                "four endings)")
+            examples.append(swag_example(dict(zip(header, fields)), where))
+        line = reader.line_num + 1
     if not examples:
         raise UserError(f"{path}: no examples")
     return examples
@@ -104,12 +110,7 @@ def race_question(article: str, question, options, answer, level: str, where: st
 
 def read_race_file(path: Path, level: str) -> list[ChoiceExample]:
     """One article file: {article, questions[], options[][4], answers[], id}."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path} line {err.lineno}: not valid JSON ({err.msg})") from None
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text ({err.reason})") from None
+    record = read_json(path, DATA_FILE_LIMIT, "RACE article file")
     if not isinstance(record, dict):
         raise UserError(f"{path}: expected a JSON object, got {type(record).__name__}")
     missing = [k for k in ("article", "questions", "options", "answers") if k not in record]

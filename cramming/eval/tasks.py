@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..hub import hub_dataset
 from ..registry import Registry
+from ..untrusted import text_lines
 from .files import require_files
 
 log = logging.getLogger(__name__)
@@ -142,12 +143,12 @@ def _load_local(spec: TaskSpec, data_dir: Path):
 
 
 def _lines(path: Path):
-    """(1-based line number, fields) per non-empty line; BOM stripped, only '\\n' ends a line."""
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
-        for number, line in enumerate(f, start=1):
-            line = line.rstrip("\n").removesuffix("\r")
-            if line:
-                yield number, line.split("\t")
+    """(1-based line number, fields) per non-empty line; BOM stripped, only '\\n' ends a line; a line that is not
+    UTF-8 or is longer than any sentence (untrusted.text_lines) is one line naming it."""
+    for number, line in enumerate(text_lines(path), start=1):
+        line = line.rstrip("\n").removesuffix("\r")
+        if line:
+            yield number, line.split("\t")
 
 
 def _read_tsv(spec: TaskSpec, path: Path) -> tuple[list[Example], int]:

@@ -1,22 +1,30 @@
 """The final checkpoint: a Hugging Face model folder that loads without cramming installed.
 
-Written to `checkpoint.tmp/` and renamed to `checkpoint/` only when complete, with train_summary.json
-written last inside it, so a folder named `checkpoint` is always whole.
+Written to a new `checkpoint.<random>.tmp/` beside it and renamed to `checkpoint/` only when complete, with
+train_summary.json written last inside it, so a folder named `checkpoint` is always whole. An existing folder of
+that name is replaced only when a save of ours wrote it (`ours`): an export into a folder holding anything else is
+refused (cramming/outputs.py).
 """
 
 import json
+import math
 import os
-import shutil
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
-from ..card import write_card
+from ..card import CARD, EVALUATIONS, write_card
 from ..data.tokenizer import for_generation
 from ..engines import Engine
 from ..errors import UserError
-from ..model import auto_map_of
+from ..model import CrammedModel, auto_map_of
+from ..model_code import shipped_names
+from ..outputs import claim_folder, remove, replace_folder, temp_folder, writing
+from ..untrusted import check_memory, leads_outside, read_json, size_text
 
 SUMMARY = "train_summary.json"
 # The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
@@ -26,11 +34,47 @@ PORTABLE_KERNELS = {"attention_impl": "sdpa", "rotary_impl": "torch", "loss_impl
 RUN_ONLY = ("triton", "fused")
 
 
+# What a save writes into a model folder besides the model code, and what eval.py (the card's scores) and the ONNX
+# export add to one: an existing folder holding only these (and train_summary.json) is ours to replace.
+SAVED = {"config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
+         "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "chat_template.jinja", CARD, SUMMARY,
+         EVALUATIONS, "model.onnx", "model.onnx.data"}
+SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def saved_by_us(entry: Path) -> bool:
+    """Whether a model folder's entry is one a save of ours writes (a plain file of those names)."""
+    name = entry.name
+    return (entry.is_file() and not entry.is_symlink()
+            and (name in SAVED or name in shipped_names() or SHARD.fullmatch(name) is not None))
+
+
+def claim_model_folder(path: Path) -> None:
+    """Refuse to save into `path` when it exists and holds anything a save of ours did not write (a folder of
+    ours has train_summary.json, written last)."""
+    claim_folder(path, saved_by_us, "a model folder")
+    if Path(path).is_dir() and any(Path(path).iterdir()) and not (Path(path) / SUMMARY).is_file():
+        raise UserError(f"{path} already holds files and is not a model folder cramming wrote (no {SUMMARY}); it was "
+                        "left as it is: give a new (or empty) folder to write a model folder into")
+
+
 def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = "checkpoint") -> Path:
     """`name`: the folder, `checkpoint` for the last weights, `final-<kind>` for averaged ones (averaging.py)."""
-    final = run_dir / name
-    tmp = run_dir / f"{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    final = Path(run_dir) / name
+    claim_model_folder(final)
+    with writing(final.parent, f"the model folder {final.name}"):
+        tmp = temp_folder(final.parent, final.name)
+        try:
+            write_model_folder(model, tokenizer, summary, tmp)
+            replace_folder(tmp, final)
+        except BaseException:
+            remove(tmp)
+            raise
+    return final.resolve()
+
+
+def write_model_folder(model, tokenizer, summary: dict, tmp: Path) -> None:
+    """Everything a model folder holds, train_summary.json last, into the new folder `tmp`."""
     model = Engine.unwrap(model)
     model.config.auto_map = auto_map_of(model)  # the Auto classes this objective's checkpoint serves
     in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
@@ -51,9 +95,6 @@ def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = 
         json.dump(summary, fh, indent=2)
         fh.flush()
         os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    return final.resolve()
 
 
 @contextmanager
@@ -78,30 +119,54 @@ def is_complete(checkpoint: Path) -> bool:
 # otherwise passes every other check and fails minutes later deep inside safetensors.
 
 
-def check_safetensors(path: Path) -> None:
-    """A safetensors file is an 8-byte little-endian header length, a JSON header naming each tensor's byte range,
-    then the data: the file must be exactly as long as the header's largest end offset says."""
+# A tensor's shape and the bytes it takes, as a safetensors header describes it (nothing of the data read).
+TensorTable = dict[str, tuple[tuple[int, ...], int]]
+HEADER_LIMIT = 100 << 20  # safetensors' own bound on a header
+
+
+def check_safetensors(path: Path) -> TensorTable:
+    """A safetensors file is an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape
+    and byte range, then the data: the file must be exactly as long as the header's largest end offset says, and
+    each tensor's range as long as its shape. Returns the tensors' shapes and sizes."""
     size = path.stat().st_size
     with open(path, "rb") as fh:
         length = int.from_bytes(fh.read(8), "little") if size >= 8 else None
         if length is None or length > size - 8:
             raise UserError(f"{path}: cut short ({size:,} bytes, not even its header); the write was interrupted, "
                             "use a complete checkpoint")
+        if length > HEADER_LIMIT:
+            raise UserError(f"{path}: its header says it is {length:,} bytes long, more than safetensors allows "
+                            f"({HEADER_LIMIT:,}); not a safetensors file")
         try:
             header = json.loads(fh.read(length))
-            ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+            table = {key: (tuple(int(n) for n in entry["shape"]), int(entry["data_offsets"][1]) -
+                           int(entry["data_offsets"][0]), entry["dtype"])
+                     for key, entry in header.items() if key != "__metadata__"}
         except (ValueError, TypeError, KeyError, IndexError, AttributeError):
             raise UserError(f"{path}: not a safetensors file (its header is not a tensor table)") from None
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
     expected = 8 + length + max(ends, default=0)
     if size != expected:
         problem = "cut short" if size < expected else "longer than its header says"
         raise UserError(f"{path}: {problem} ({size:,} bytes, its header describes {expected:,}); the write was "
                         "interrupted, use a complete checkpoint")
+    for key, (shape, nbytes, dtype) in table.items():
+        if math.prod(shape) * DTYPE_BYTES.get(dtype, 0) != nbytes:
+            raise UserError(f"{path}: tensor {key!r} of shape {list(shape)} ({dtype}) does not fill its {nbytes:,} "
+                            "bytes; not a file safetensors wrote")
+    return {key: (shape, nbytes) for key, (shape, nbytes, _) in table.items()}
 
 
-def check_weights(folder: Path) -> None:
-    """Every safetensors file of the checkpoint (one, or the shards of an index) whole; the completion marker
-    present where the writer uses one (pretraining's checkpoint.tmp/ folder gets train_summary.json last)."""
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def check_weights(folder: Path, bounds: Path | None = None) -> TensorTable:
+    """Every safetensors file of the checkpoint (one, or the shards of an index, each inside `bounds`: the folder,
+    or a hub snapshot's repository) whole; the completion marker present where the writer uses one (pretraining's
+    temporary folder gets train_summary.json last). Returns every tensor's shape and size ({} for
+    pytorch_model.bin, a pickle that only torch reads)."""
+    bounds = bounds or folder
     if folder.name.endswith(".tmp") and not (folder / SUMMARY).is_file():
         raise UserError(f"checkpoint {folder} is an unfinished write (no {SUMMARY}, which pretraining writes last); "
                         "use the run's checkpoint/ folder")
@@ -110,12 +175,51 @@ def check_weights(folder: Path) -> None:
         files = [folder / "model.safetensors"]
     elif index.is_file():
         try:
-            files = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        except (ValueError, TypeError, KeyError, AttributeError):
+            names = sorted(set(read_json(index, what="safetensors index")["weight_map"].values()))
+        except (TypeError, KeyError, AttributeError):
             raise UserError(f"{index}: not a safetensors index (no weight_map)") from None
+        files = [folder / str(name) for name in names]  # an absolute name replaces the folder: refused below
     else:
-        return  # pytorch_model.bin: a pickle, loaded by torch as it is
+        return {}  # pytorch_model.bin: a pickle, loaded by torch as it is
+    tables = {}
     for path in files:
+        if leads_outside(bounds, path):
+            raise UserError(f"{index}: its weight_map names {str(path)!r}, which leads outside "
+                            f"{bounds} (to {path.resolve()}); a checkpoint's files must lie inside it, so it was "
+                            "not read")
         if not path.is_file():
             raise UserError(f"{path}: missing (named in {index.name}); the checkpoint is incomplete")
-        check_safetensors(path)
+        tables |= check_safetensors(path)
+    return tables
+
+
+NEW_HEAD_ROOM = 16 << 20  # parameters a fine-tuning head may add to the weights' (a classifier has far fewer)
+
+
+def check_sizes(path: Path, model_config, tensors: TensorTable, remote_code: bool, fix: str) -> None:
+    """The model config.json describes, built without memory (on the meta device), against the weights: a tensor
+    of another shape, or a model far larger than its weights, means the config does not belong to them (and would
+    have the machine allocate what the config says). The weights must also fit in memory (`fix`: what to do when
+    they do not). `remote_code`: the folder's own model code was allowed to build it."""
+    stored = sum(nbytes for _, nbytes in tensors.values()) or sum(
+        p.stat().st_size for p in path.glob("pytorch_model*.bin"))
+    check_memory(stored, f"checkpoint {path}: its weights ({size_text(stored)} in its weight files)", fix)
+    try:
+        with torch.device("meta"):
+            model = (CrammedModel(model_config) if model_config.model_type == "crammed" and not remote_code else
+                     AutoModel.from_config(model_config, trust_remote_code=remote_code))
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as err:
+        raise UserError(f"checkpoint {path}: config.json describes no model this transformers builds "
+                        f"({(str(err).splitlines() or [''])[0][:200]})") from None
+    prefix = getattr(model, "base_model_prefix", "")
+    for name, param in model.named_parameters():
+        found = tensors.get(name) or tensors.get(f"{prefix}.{name}")
+        if found is not None and tuple(param.shape) != found[0]:
+            raise UserError(f"checkpoint {path}: config.json does not match its weights: {name} is "
+                            f"{list(param.shape)} by the config but {list(found[0])} in the weights; the config "
+                            "does not belong to these weights")
+    wanted = sum(p.numel() for p in model.parameters())
+    held = sum(math.prod(shape) for shape, _ in tensors.values())
+    if tensors and wanted > 1.25 * held + NEW_HEAD_ROOM:
+        raise UserError(f"checkpoint {path}: config.json describes a model of {wanted:,} parameters but its weights "
+                        f"hold {held:,}; the config does not belong to these weights")

@@ -9,7 +9,6 @@ for, or of another shape, and then a layout option no shape shows (post- or pre-
 """
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -21,15 +20,16 @@ from transformers import logging as hf_logging
 
 from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer
 from ..errors import UserError
-from ..hub import model_folder
+from ..hub import bounds, model_folder
 from ..model.configuration_crammed import current_key
 from ..registry import invalid
-from .checkpoint import check_weights
+from ..untrusted import check_memory, check_tokenizer_files, link_outside, read_json
+from .checkpoint import check_sizes, check_weights
 from .from_bert import bert_layout, bert_weights
-from .resume import MARKER
-from .state import load_saved
+from .resume import MARKER, read_step
 
 KEY = "train.init_from"
+MORE_MEMORY = "start from it on a machine with more memory"
 # Arch options our own checkpoints must share with the run beyond their tensors' shapes.
 LAYOUT = ("norm_position", "position", "ffn", "activation", "norm", "num_heads", "objective", "layout",
           "head_transform", "embedding_norm", "final_norm", "bias", "tie_embeddings", "qk_norm", "parametrization",
@@ -56,7 +56,8 @@ def open_source(value: str, allow_code: bool = False) -> Source:
     if not (folder / "config.json").is_file():
         raise UserError(invalid(KEY, value, "not a model folder (no config.json): give a run's checkpoint/, a "
                                 "checkpoints/step-<n>/ folder, or a Hugging Face BertForMaskedLM"))
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    saved = read_json(folder / "config.json", what="config.json")
+    model_type = saved.get("model_type") if isinstance(saved, dict) else None
     if model_type == "crammed":
         return _checkpoint(folder, value)
     if model_type == "bert":
@@ -68,22 +69,28 @@ def open_source(value: str, allow_code: bool = False) -> Source:
 def _checkpoint(folder: Path, value: str) -> Source:
     if not (folder / "model.safetensors").is_file():
         raise UserError(invalid(KEY, value, "has no model.safetensors: an incomplete checkpoint"))
-    check_weights(folder)
+    tensors = _checked(folder)
+    check_memory(sum(nbytes for _, nbytes in tensors.values()), f"{KEY}={value}: its weights", MORE_MEMORY)
     weights = load_file(folder / "model.safetensors")
-    saved = json.loads((folder / "config.json").read_text())
+    saved = read_json(folder / "config.json", what="config.json")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # ours has no code: no trust_remote_code needed
     return Source("checkpoint", folder, *_renamed(weights), _ours(saved), tokenizer)
 
 
+def _checked(folder: Path) -> dict:
+    """A model folder's files inside it (a hub snapshot's inside its repository), its tokenizer files of a
+    tokenizer's size and its weights whole: their tensors' shapes and sizes."""
+    limit = bounds(folder)
+    if (link := link_outside(limit)) is not None:
+        raise UserError(f"{KEY}={folder}: {link} is a link leading outside it; a model folder's files must lie "
+                        "inside it, so it was not read")
+    check_tokenizer_files(folder)
+    return check_weights(folder, limit)
+
+
 def _step(folder: Path, value: str) -> Source:
-    saved = load_saved(folder / "state.pt")
-    if "model" not in saved:
-        raise UserError(invalid(KEY, value, "holds its weights in an engine's shards (FSDP2, DeepSpeed); use the "
-                                "run's checkpoint/ folder, or resume it with train.resume"))
-    arch = saved["config"]["arch"]
-    if not (folder / "tokenizer").is_dir():
-        raise UserError(invalid(KEY, value, "carries no tokenizer (written before step folders held one); start "
-                                "from the run's checkpoint/ folder"))
+    saved, config = read_step(folder)
+    arch = config.get("arch") if isinstance(config.get("arch"), dict) else {}
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
     return Source("step", folder, *_renamed(saved["model"]), _ours(arch), tokenizer)
 
@@ -100,11 +107,13 @@ def _ours(arch: dict) -> dict:
 
 
 def _bert(folder: Path, value: str) -> Source:
-    from transformers import AutoTokenizer, BertForMaskedLM  # BERT's model code (50 ms): only for a BERT source
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM  # BERT's model code (50 ms): only for BERT
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # unused pooler weights of a BertForPreTraining checkpoint: expected
     try:
+        tensors = _checked(folder)
+        check_sizes(folder, BertConfig.from_pretrained(folder), tensors, False, MORE_MEMORY)
         bert = BertForMaskedLM.from_pretrained(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as err:

@@ -9,14 +9,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from ..errors import UserError
+from ..outputs import writing
+from ..untrusted import text_lines
 
 
 class MetricsLog:
     def __init__(self, run_dir: Path, tensorboard: bool = False, wandb: dict | None = None):
         """`wandb`: wandb.init's arguments (mode, project, name, group, config), or None for no W&B."""
-        run_dir = Path(run_dir)
+        self.folder = run_dir = Path(run_dir)
         self.wandb = start_wandb(run_dir, **wandb) if wandb else None  # first: it is the one that can fail
-        self.file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        with writing(run_dir, "metrics.jsonl"):
+            self.file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the optional `tensorboard` package
@@ -34,8 +37,9 @@ class MetricsLog:
         return cls(run_dir, config.train.tensorboard, wandb)
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        with writing(self.folder, "metrics.jsonl"):  # a full disk: one line, the last checkpoint still whole
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float))}
         if self.writer is not None:
             for key, value in scalars.items():
@@ -82,17 +86,20 @@ def start_wandb(run_dir: Path, mode: str, project: str, name: str, group: str | 
 
 
 def whole_lines(path: Path) -> list[str]:
-    """The lines of a metrics.jsonl. A run killed mid-write can leave a torn last line: it is dropped (the step
-    it logged is logged again when the run resumes); a broken line anywhere else is the user's to look at."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    """The lines of a metrics.jsonl, each a JSON object whose step (where it has one) is a whole number. A run killed
+    mid-write can leave a torn last line: it is dropped (the step it logged is logged again when the run resumes);
+    a broken line anywhere else is the user's to look at."""
+    lines = [line.rstrip("\r\n") for line in text_lines(path)]
     for number, line in enumerate(lines, 1):
         try:
-            json.loads(line)
+            record = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):
                 return lines[:-1]
-            raise UserError(f"{path}: line {number} of {len(lines)} is not JSON ({line[:60]!r}); delete that line "
-                            "to resume, or start afresh with train.resume=never") from None
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+            raise UserError(f"{path}: line {number} of {len(lines)} is not a metrics record ({line[:60]!r}); delete "
+                            "that line to resume, or start afresh with train.resume=never")
     return lines
 
 

@@ -10,6 +10,7 @@ mid-write) is ignored and cleaned up.
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import asdict
@@ -19,8 +20,10 @@ import torch
 
 from ..engines import ENGINES, Engine
 from ..errors import UserError
+from ..outputs import writing
 from ..renames import moved
-from .state import TrainState, capture_rng, load_saved, refuse_unsafe, restore_rng
+from ..untrusted import TOKENIZER_LIMIT, check_size, leads_outside, link_outside, plain_data, read_json
+from .state import TrainState, capture_rng, load_saved, refuse_unsafe, restore_rng, rng_problem
 
 MARKER = "COMPLETE"
 FINAL_SUMMARY = Path("checkpoint") / "train_summary.json"
@@ -30,10 +33,15 @@ RUNTIME_KEYS = {("train", "resume"), ("train", "checkpoint_every_minutes"), ("tr
                 ("train", "tensorboard"), ("train", "wandb"), ("train", "wandb_project"), ("dryrun",), ("name",)}
 
 
+STEP_NAME = re.compile(r"step-(\d+)")
+
+
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """The whole checkpoints of one run, oldest first."""
+    """The whole checkpoints of one run, oldest first: folders named step-<n> inside it with their marker (anything
+    else there, a link leading out of the run folder included, is not one of its checkpoints)."""
     folder = Path(run_dir) / "checkpoints"
-    found = [p for p in folder.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and (p / MARKER).is_file()]
+    found = [p for p in folder.glob("step-*") if STEP_NAME.fullmatch(p.name) and p.is_dir()
+             and not leads_outside(run_dir, p) and (p / MARKER).is_file()]
     return sorted(found, key=lambda p: int(p.name.removeprefix("step-")))
 
 
@@ -70,7 +78,14 @@ class Checkpointer:
         if self.dist.agree(not bool(finite), device=finite.device)[0]:  # one sync; any rank's shard counts
             return None
         final = self.folder / f"step-{state.step:08d}"
-        tmp = final.with_name(final.name + ".tmp")
+        tmp = final.with_name(final.name + ".tmp")  # the run's own folder (run_folder.py locks it): a fixed name
+        with writing(self.folder, f"checkpoint {final.name}", made=[tmp] if self.dist.main else []):
+            self._write(model, optimizer, scaler, state, tmp, final)
+        self.last_save = time.perf_counter()
+        state.checkpoint_seconds += self.last_save - started
+        return final
+
+    def _write(self, model, optimizer, scaler, state: TrainState, tmp: Path, final: Path) -> None:
         if self.dist.main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -97,9 +112,6 @@ class Checkpointer:
             for stale in self.folder.glob("*.tmp"):  # left by a run killed while writing
                 shutil.rmtree(stale, ignore_errors=True)
         self.dist.barrier()
-        self.last_save = time.perf_counter()
-        state.checkpoint_seconds += self.last_save - started
-        return final
 
     def latest(self) -> Path | None:
         found = complete_checkpoints(self.folder.parent)
@@ -113,10 +125,13 @@ def load_checkpoint(path: Path, model, optimizer, scaler, engine: Engine | None 
     saved = load_weights(path, model, optimizer, scaler, engine, averaging)
     rng = Path(path) / f"rng-{engine.rank}.pt"
     if rng.is_file():
-        restore_rng(load_saved(rng))
+        saved_rng = load_saved(rng)
+        if problem := rng_problem(saved_rng):
+            raise UserError(f"{rng}: {problem}; not a random state cramming wrote, so it was not restored")
+        restore_rng(saved_rng)
     else:  # resumed on more processes than wrote the checkpoint: the data and masks still continue exactly
         print(f"{path} has no random state for rank {engine.rank}; dropout draws start afresh", flush=True)
-    return TrainState(**saved["state"])
+    return TrainState.from_saved(saved["state"], Path(path) / "state.pt")
 
 
 def check_written_alike(path: Path, engine: Engine) -> None:
@@ -129,7 +144,8 @@ def check_written_alike(path: Path, engine: Engine) -> None:
             raise UserError(f"{path} was written {'with' if written_with else 'without'} impl.distributed={name} "
                             "and must be resumed the same way")
     if ENGINES.trait(engine, "same_world_to_resume"):
-        written_by = json.loads((Path(path) / MARKER).read_text()).get("world")
+        marker = read_json(Path(path) / MARKER, what="step folder marker")
+        written_by = marker.get("world") if isinstance(marker, dict) else None
         if written_by != engine.world:
             raise UserError(f"{path} holds {engine.name}'s optimizer state in {written_by} partitions; resume "
                             f"it on {written_by} processes, not {engine.world}")
@@ -140,9 +156,17 @@ def load_weights(path: Path, model, optimizer, scaler, engine: Engine | None = N
     moving forward)."""
     engine = engine or Engine()
     saved = load_saved(Path(path) / "state.pt")
+    TrainState.from_saved(saved.get("state"), Path(path) / "state.pt")  # a newer cramming's state: one line first
     check_written_alike(path, engine)
-    engine.load_state(model, optimizer, path, saved)
-    scaler.load_state_dict(saved["scaler"])
+    try:
+        engine.load_state(model, optimizer, path, saved)
+        scaler.load_state_dict(saved["scaler"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:  # shapes, names: not this run's model
+        first = (str(err).strip().splitlines() or [type(err).__name__])
+        detail = next((line.strip() for line in first if "size mismatch" in line or "Missing" in line
+                       or "Unexpected" in line), first[0].strip())
+        raise UserError(f"{Path(path) / 'state.pt'} does not fit this run's model and optimizer "
+                        f"({detail[:300]}); resume a step folder of this run's config") from None
     if averaging is not None:
         averaging.load_state_dict(saved.get("averaging"), path)
     return saved
@@ -163,9 +187,44 @@ def config_differences(saved: dict, current: dict, prefix=()) -> list[str]:
     return diffs
 
 
-def resume_folder(value: str) -> Path:
-    """train.resume=<folder>, checked before any work: it exists, it is whole, and its files load as tensors and
-    plain data (state.refuse_unsafe)."""
+def read_step(step: Path) -> tuple[dict, dict]:
+    """A step folder's saved state and run config, read as data (export, train.init_from): a whole step folder,
+    its files inside it, its tokenizer files of a tokenizer's size, its state plain data of this cramming's keys."""
+    step = Path(step)
+    if not (step / MARKER).is_file() or not (step / "state.pt").is_file():
+        raise UserError(f"{step} is not a complete step folder (no {MARKER} and state.pt): give one of a run's "
+                        "checkpoints/step-<n>/ folders")
+    if not (step / "tokenizer").is_dir():
+        raise UserError(f"{step} carries no tokenizer (written before step folders held one); the run's "
+                        "checkpoint/ folder loads as it is")
+    if (link := link_outside(step)) is not None or leads_outside(step, step / "tokenizer"):
+        raise UserError(f"{step}: {link or step / 'tokenizer'} is a link leading outside the step folder; a step "
+                        "folder's files must lie inside it, so it was not read")
+    for path in (step / "tokenizer").iterdir():
+        check_size(path, TOKENIZER_LIMIT, "tokenizer file")
+    saved = load_saved(step / "state.pt")
+    if "model" not in saved:
+        raise UserError(f"{step} holds its weights in an engine's shards (FSDP2, DeepSpeed); resume the run "
+                        "with one process (train.resume) and export a step it writes")
+    TrainState.from_saved(saved.get("state"), step / "state.pt")
+    if not isinstance(saved.get("config"), dict):
+        raise UserError(f"{step / 'state.pt'} holds no run config; not a step folder cramming wrote")
+    return saved, moved(saved["config"])
+
+
+def saved_config(step: Path) -> dict:
+    """A step folder's config.json (the run's config, as saved): plain data, with keys moved since moved."""
+    saved = read_json(step / "config.json", what="step folder config")
+    if not isinstance(saved, dict):
+        raise UserError(f"{step / 'config.json'}: a run config is a JSON object, this holds a {type(saved).__name__}")
+    plain_data(saved, str(step / "config.json"))
+    return moved(saved)  # written before options moved too
+
+
+def resume_folder(value: str, config=None) -> Path:
+    """train.resume=<folder>, checked before any work: it exists, it is whole, its files load as tensors and plain
+    data (state.refuse_unsafe), and it was trained with this run's model and data options (else its tensors
+    would not fit this run's)."""
     path = Path(value).expanduser()
     if not path.is_dir():
         raise UserError(f"train.resume={value}: no such folder; give one of a run's checkpoints/step-<n> folders, "
@@ -173,8 +232,18 @@ def resume_folder(value: str) -> Path:
     if not (path / MARKER).is_file() or not (path / "state.pt").is_file():
         raise UserError(f"train.resume={value} is not a complete checkpoint folder (no {MARKER} marker or no "
                         "state.pt); give a checkpoints/step-<n> folder, or auto / never")
+    if (link := next((p for p in path.iterdir() if leads_outside(path, p)), None)) is not None:
+        raise UserError(f"train.resume={value}: {link} is a link leading outside the step folder; a step folder's "
+                        "files must lie inside it, so it was not read")
     for saved in [path / "state.pt", *sorted(path.glob("rng-*.pt"))]:
         refuse_unsafe(saved)
+    if config is not None and (path / "config.json").is_file():
+        current = json.loads(json.dumps(asdict(config)))
+        shaped = [d for d in config_differences(saved_config(path), current)
+                  if d.startswith("arch.") or d == "data.vocab_size"]
+        if shaped:
+            raise UserError(f"train.resume={value} was trained with other model or data options ({', '.join(shaped[:5])}); "
+                            "its tensors would not fit this run: resume it with the config it was trained with")
     return path
 
 
@@ -182,22 +251,27 @@ def find_resume(resume: str, run_dir: Path, config) -> Path | None:
     """train.resume: `never`; a checkpoint folder; or `auto`: the newest whole checkpoint of this run directory or
     of an unfinished sibling run of the same name (Hydra gives every launch a new folder) with the same config.
     The name is checked, not assumed from the layout: with a custom hydra.run.dir, runs of other names may sit
-    side by side, and a different name never resumes."""
+    side by side, and a different name never resumes. Sibling folders are someone's data: one that cannot be read
+    (a link leading out, a config that is not a run's) is skipped, and said so."""
     current = json.loads(json.dumps(asdict(config)))  # tuples -> lists, as in the saved JSON
     if resume == "never":
         return None
     if resume != "auto":
-        return resume_folder(resume)
+        return resume_folder(resume, config)
     run_dir = Path(run_dir).resolve()
-    runs = [run_dir] + sorted((p for p in run_dir.parent.iterdir() if p.is_dir() and p != run_dir),
-                              key=lambda p: p.stat().st_mtime, reverse=True)
+    siblings = [p for p in run_dir.parent.iterdir() if p.is_dir() and not p.is_symlink() and p != run_dir]
+    runs = [run_dir] + sorted(siblings, key=lambda p: p.stat().st_mtime, reverse=True)
     for run in runs:
         if run != run_dir and (run / FINAL_SUMMARY).is_file():
             continue  # a finished run is not resumed
         found = complete_checkpoints(run)
         if not found:
             continue
-        saved = moved(json.loads((found[-1] / "config.json").read_text()))  # written before options moved too
+        try:
+            saved = saved_config(found[-1])
+        except (UserError, OSError) as err:
+            print(f"not resuming from {found[-1]}: {err}", flush=True)
+            continue
         if saved.get("name") != config.name:
             if run == run_dir:
                 print(f"not resuming from {found[-1]}: it belongs to run name={saved.get('name')!r}, this is "

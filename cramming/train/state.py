@@ -2,13 +2,14 @@
 
 import pickle
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from ..untrusted import check_memory, size_text
 
 try:
     from numpy._core.multiarray import _reconstruct
@@ -35,6 +36,25 @@ class TrainState:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_saved(cls, saved, path: Path) -> "TrainState":
+        """The state a step folder's state.pt holds: a key this cramming does not know (a newer one wrote it) or a
+        value of the wrong kind is one line naming the file, never a traceback."""
+        known = {f.name: f for f in fields(cls)}
+        if not isinstance(saved, dict):
+            raise UserError(f"{path}: its trainer state is a {type(saved).__name__}, not a table; not a step folder "
+                            "cramming wrote")
+        unknown = sorted(set(saved) - set(known))
+        if unknown:
+            raise UserError(f"{path}: its trainer state has keys this cramming does not know ({', '.join(map(str, unknown[:3]))}); "
+                            "a newer cramming wrote it: resume it with that version")
+        numbers = {name for name, f in known.items() if f.type in (int, float, "int", "float")}
+        bad = [k for k in numbers & set(saved) if not isinstance(saved[k], int | float) or isinstance(saved[k], bool)]
+        if bad:
+            raise UserError(f"{path}: its trainer state's {bad[0]} is {type(saved[bad[0]]).__name__}, not a number; "
+                            "not a step folder cramming wrote")
+        return cls(**saved)
+
 
 def capture_rng() -> dict:
     """Every random stream a step may draw from: Python, NumPy, torch (CPU and CUDA). Masks need none: they are
@@ -49,8 +69,23 @@ def capture_rng() -> dict:
     }
 
 
+def rng_problem(saved) -> str | None:
+    """What makes a saved random state one capture_rng did not write (None when it is one): its parts, and each
+    array of the size this Python, NumPy and torch use, so that restoring it allocates nothing beyond that."""
+    if not isinstance(saved, dict) or not {"python", "numpy", "torch"} <= set(saved):
+        return "it is not a table of the python, numpy and torch random states"
+    python, numpy, cpu = saved["python"], saved["numpy"], saved["torch"]
+    if not (isinstance(python, tuple | list) and len(python) == 3 and len(python[1]) == len(random.getstate()[1])):
+        return "its Python random state is not one Python's random module keeps"
+    if not (isinstance(numpy, tuple | list) and len(numpy) == 5 and len(numpy[1]) == 624):
+        return "its NumPy random state is not NumPy's (a key of 624 numbers)"
+    if not (isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8 and cpu.shape == torch.get_rng_state().shape):
+        return "its torch random state is not torch's CPU generator state"
+    return None
+
+
 def restore_rng(saved: dict) -> None:
-    random.setstate(saved["python"])
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in saved["python"]))
     kind, key, *rest = saved["numpy"]
     np.random.set_state((kind, np.asarray(key).astype(np.uint32), *rest))  # a tensor, or an array (written before)
     torch.set_rng_state(saved["torch"])
@@ -81,11 +116,35 @@ def refuse_unsafe(path: Path) -> None:
 
 def load_saved(path: Path) -> dict:
     """A step folder's state.pt or rng-<rank>.pt: tensors and plain data only (torch.load's weights_only), so a
-    file from someone else cannot run code when it is read. Anything else is one line naming the file."""
+    file from someone else cannot run code when it is read; every tensor within the bytes the file stores (a view
+    that repeats a few bytes into gigabytes is refused before anything copies it). Anything else is one line
+    naming the file."""
+    path = Path(path)
+    check_memory(path.stat().st_size, f"{path} ({size_text(path.stat().st_size)})", "resume it on a larger machine")
     refuse_unsafe(path)
     with torch.serialization.safe_globals(NUMPY_ARRAYS):
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:  # what the names did not show: refused all the same
-            raise UserError(f"{path} could not be loaded with weights_only ({str(err).splitlines()[0][:200]}); "
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:  # what the names did not show
+            raise UserError(f"{path} could not be loaded with weights_only ({(str(err).splitlines() or [''])[0][:200]}); "
                             "use a step folder you wrote, or the run's checkpoint/ folder") from None
+    if (found := strided_view(saved)) is not None:
+        where, numel, stored = found
+        raise UserError(f"{path}: {where} is a view of {numel:,} elements over {stored:,} stored bytes, which "
+                        "cramming's saves never write; it was not used")
+    return saved
+
+
+def strided_view(saved, where: str = "state") -> tuple[str, int, int] | None:
+    """(where, elements, stored bytes) of the first tensor of a loaded file whose elements do not fit in the bytes
+    its storage holds (a zero-stride or overlapping view: small on disk, huge once anything copies it), or None."""
+    if isinstance(saved, torch.Tensor):
+        stored = saved.untyped_storage().nbytes()
+        needed = (saved.storage_offset() + saved.numel()) * saved.element_size()
+        repeats = any(step == 0 for step, size in zip(saved.stride(), saved.shape, strict=True) if size > 1)
+        return (where, saved.numel(), stored) if saved.numel() and (needed > stored or repeats) else None
+    items = saved.items() if isinstance(saved, dict) else enumerate(saved) if isinstance(saved, list | tuple) else ()
+    for key, value in items:
+        if (found := strided_view(value, f"{where}[{key!r}]")) is not None:
+            return found
+    return None

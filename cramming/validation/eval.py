@@ -10,6 +10,7 @@ from ..eval.config import EvalRunConfig, recipe_for
 from ..eval.kinds import BENCHMARKS
 from ..plugins import import_plugins
 from ..rules import schema_problems
+from ..run_folder import name_problem
 
 
 def load_eval_config(cfg: DictConfig) -> EvalRunConfig:
@@ -32,6 +33,7 @@ def validate_eval(c: EvalRunConfig) -> None:
     e = c.eval
     check(bool(c.checkpoint) != bool(c.name), "checkpoint", c.checkpoint,
           "give exactly one of checkpoint=<folder> or name=<pretraining run name>")
+    refuse(name_problem(c.name) if c.name else None)  # a run's folder under eval's runs_dir, never outside it
     check(e.data_dir is None or bool(e.data_dir.strip()), "eval.data_dir", e.data_dir,
           "an empty folder name (an empty $GLUE_DIR, $SUPERGLUE_DIR, ... gives one): name the data folder, or leave "
           "it null (unset the variable) to read the hub")

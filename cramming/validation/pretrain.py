@@ -15,6 +15,7 @@ from ..plugins import import_plugins
 from ..registry import invalid
 from ..renames import renamed_line
 from ..rules import schema_problems
+from ..run_folder import name_problem
 from . import across
 
 
@@ -53,6 +54,7 @@ def across_sections(c: PretrainConfig):
     """The checks that read more than one option or the machine, lazily: the first one that fails stops."""
     a, t = c.arch, c.train
     yield None if c.name.strip() else invalid("name", c.name, "name the run (its folder is outputs/<name>/<date>)")
+    yield name_problem(c.name)  # a relative path inside outputs/ (run_folder.py checks it before the folder is made)
     yield None if a.hidden_size % a.num_heads == 0 else invalid(
         "arch.num_heads", a.num_heads, f"must divide arch.hidden_size={a.hidden_size}")
     for key, extra in (("tensorboard", "tensorboard"), ("wandb", "wandb")):

@@ -1,0 +1,349 @@
+"""The border with files someone else wrote (docs/security.md, rules 3, 4, 6 and 8): what is checked is what is
+loaded, nothing is read outside its folder, sizes are checked before anything is allocated, and step and run
+folders are data. Each test builds the attack as real files, and checks the one line (or the skip, said so) and
+that nothing of it ran or was read."""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, glue_folder, one_line_error, run_command
+from test_border import snapshot, step_run  # noqa: F401  the module's fixture: a tiny run with step folders
+from test_loading_safety import custom_task, mock_hub
+from test_resume import TINY, config_for
+
+from cramming import hub, model_code, pretraining, report
+from cramming.errors import UserError
+from cramming.eval.checkpoint import check_checkpoint
+from cramming.eval.recipe import update_card
+from cramming.eval.finetune import Checkpoint
+from cramming.export import export_step
+from cramming.push import push
+from cramming.train.init_from import open_source
+from cramming.train.resume import find_resume
+from cramming.train.state import capture_rng, load_saved
+from cramming.untrusted import available_memory
+
+
+def copy_of(folder, tmp_path, name="copy"):
+    target = tmp_path / name
+    shutil.copytree(folder, target, symlinks=True)
+    return target
+
+
+def marker_module(path, marker):
+    """A module that writes `marker` when imported: what foreign code would do."""
+    path.write_text(f"open({str(marker)!r}, 'w').close()\nclass Model: pass\nclass Config: pass\n")
+
+
+def eval_args(checkpoint, tmp_path, *extra):
+    """eval.py on `checkpoint`: a small task of its own unless `extra` chooses the benchmark."""
+    task = [] if any(arg.startswith("eval=") for arg in extra) else custom_task(tmp_path)
+    return [f"checkpoint={checkpoint}", *task, f"hydra.run.dir={tmp_path / 'eval'}",
+            f"eval.results_table={tmp_path / 'results.csv'}", "impl=cpu", *extra]
+
+
+# ---------------------------------------------------------------- 3. what is checked is what is loaded
+
+
+def test_a_versioned_config_naming_other_code_is_refused_before_it_runs(step_run, tmp_path):
+    """transformers reads config.<version>.json when config.json names it in configuration_files, and that file's
+    auto_map decides the code: the check reads it too."""
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    marker = tmp_path / "ran"
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "configuration_files": ["config.4.0.0.json"]}))
+    versioned = {**config, "auto_map": {**config["auto_map"], "AutoConfig": "evil.Config",
+                                        "AutoModelForSequenceClassification": "evil.Model"}}
+    (folder / "config.4.0.0.json").write_text(json.dumps(versioned))
+    marker_module(folder / "evil.py", marker)
+    assert model_code.foreign_code(folder) == "evil.py"
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "evil.py", "eval.trust_remote_code=true")
+    assert not marker.exists()
+
+
+def test_a_file_swapped_after_the_check_is_never_imported(step_run, tmp_path, monkeypatch):
+    """Our checkpoint passes the check; then its model code is replaced. It loads with this package's classes, so
+    the replaced file never runs."""
+    from cramming.eval import checkpoint as checking
+    from cramming.eval import recipe
+
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    marker = tmp_path / "ran"
+    real = checking.check_checkpoint
+
+    def swapped_after(checkpoint):
+        found = real(checkpoint)
+        for name in ("modeling_crammed.py", "heads.py", "configuration_crammed.py"):
+            code = (folder / name).read_text()
+            (folder / name).write_text(f"open({str(marker)!r}, 'w').close()\n" + code)
+        return found
+
+    monkeypatch.setattr(recipe, "check_checkpoint", swapped_after)
+    result = run_command("eval.py", eval_args(folder, tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_an_earlier_version_needs_no_opt_in(step_run, tmp_path, monkeypatch):
+    """Model code that a release of cramming saved but that differs from this installation's is ours: its digest is
+    in the record of shipped code. A version no release saved is foreign."""
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    older = (folder / "modeling_crammed.py").read_text() + "\n# as an earlier release saved it\n"
+    (folder / "modeling_crammed.py").write_text(older)
+    assert model_code.foreign_code(folder) == "modeling_crammed.py"
+    record = {name: set(ids) for name, ids in model_code.shipped().items()}
+    record["modeling_crammed.py"].add(model_code.blob_id(older.encode()))
+    monkeypatch.setattr(model_code, "shipped", lambda: {name: frozenset(ids) for name, ids in record.items()})
+    assert model_code.foreign_code(folder) is None
+    result = run_command("eval.py", eval_args(folder, tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_record_of_shipped_code_holds_this_installation_and_its_history():
+    recorded = json.loads(model_code.SHIPPED.read_text())
+    for name, data in model_code.ours().items():
+        assert model_code.blob_id(data) in recorded.get(name, []), \
+            f"{name} changed: run python scripts/shipped_model_code.py to record it"
+    history = subprocess.run(["git", "log", "--format=%H", "-n", "3", "--", "cramming/model"], cwd=REPO,
+                             capture_output=True, text=True)
+    if history.returncode != 0 or not history.stdout.strip():
+        pytest.skip("no git history here")
+    for commit in history.stdout.split():
+        listing = subprocess.run(["git", "ls-tree", commit, "cramming/model/"], cwd=REPO, capture_output=True,
+                                 text=True, check=True).stdout
+        for line in listing.splitlines():
+            _, _, blob, path = line.split(maxsplit=3)
+            if path.endswith(".py") and not path.endswith("/registry.py"):
+                assert blob in recorded[os.path.basename(path)], f"{path} at {commit[:8]} is not recorded"
+
+
+def test_a_tokenizer_auto_map_in_the_older_list_form_is_read(step_run, tmp_path):
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    marker = tmp_path / "ran"
+    saved = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**saved, "auto_map": ["tok.Slow", "tok.Fast"]}))
+    marker_module(folder / "tok.py", marker)
+    assert model_code.foreign_code(folder) == "tok.py"
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "tok.py")
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- 4. read only inside the folder
+
+
+def test_push_refuses_a_link_leading_out_and_uploads_nothing(step_run, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private key")
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    (folder / "notes.txt").symlink_to(secret)
+    sent = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, *a, **k: "https://hub/x")
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **k: sent.append(k))
+    with pytest.raises(UserError, match=r"notes.txt is a link to .*secret.txt, outside .*; push uploads reads only"):
+        push(folder, "someone/model")
+    assert sent == []
+
+
+def test_the_card_never_copies_a_linked_file_in(step_run, tmp_path):
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps({**json.loads((folder / "train_summary.json").read_text()), "name": "LEAKED"}))
+    (folder / "train_summary.json").unlink()
+    (folder / "train_summary.json").symlink_to(outside)
+    before = (folder / "README.md").read_text()
+    line = update_card(Checkpoint(folder), {"benchmark": "x", "kind": "custom", "seeds": 1, "data": {}, "metrics": {},
+                                            "comparable": False, "scores": {"t": 1.0}, "finished_at": "2026"})
+    assert "not updated" in line and "leads outside" in line
+    assert (folder / "README.md").read_text() == before and "LEAKED" not in before
+
+
+def test_an_index_entry_leading_outside_is_refused(step_run, tmp_path):
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    weights = folder / "model.safetensors"
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(weights, outside)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"encoder.tokens.weight": "../elsewhere.safetensors"}}))
+    with pytest.raises(UserError, match=r"weight_map names .*elsewhere.safetensors.*leads outside"):
+        check_checkpoint(folder)
+
+
+def test_eval_on_a_hub_id_never_writes_into_the_hub_cache(step_run, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(hub.huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    snapshot_dir = cache / "models--someone--crammed" / "snapshots" / "abc"
+    snapshot_dir.parent.mkdir(parents=True)
+    shutil.copytree(step_run / "checkpoint", snapshot_dir)
+    monkeypatch.setattr(hub, "_from_hub", lambda *args: snapshot_dir)
+    before = snapshot(cache)
+    result = run_command("eval.py", eval_args("someone/crammed", tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert snapshot(cache) == before and "model card" not in result.stdout
+    assert (tmp_path / "eval" / "results.json").is_file()
+
+
+def test_auto_resume_skips_odd_siblings_before_any_data_is_prepared(step_run, tmp_path, monkeypatch, capsys):
+    runs = tmp_path / "outputs" / "odd"
+    current = runs / "2026-01-02_00-00-00"
+    current.mkdir(parents=True)
+    (runs / "linked").symlink_to(step_run)  # a sibling that is a link to a run elsewhere
+    broken = runs / "broken" / "checkpoints" / "step-00000005"
+    shutil.copytree(step_run / "checkpoints" / "step-00000003", broken)
+    (broken / "config.json").write_text("{not json")
+    named = runs / "named" / "checkpoints"
+    shutil.copytree(step_run / "checkpoints" / "step-00000003", named / "step-abc")
+    (runs / "file").write_text("not a run")
+    monkeypatch.setattr(pretraining, "prepare", lambda *a: (_ for _ in ()).throw(AssertionError("data prepared")))
+    config = config_for(*TINY, "name=steps", "train.max_steps=3", "train.checkpoint_every_minutes=0.0001")
+    assert find_resume("auto", current, config) is None
+    said = capsys.readouterr().out
+    assert f"not resuming from {broken}" in said and "not valid JSON" in said
+
+
+def test_the_report_reads_no_link_out_and_skips_lines_that_are_not_records(step_run, tmp_path, capsys):
+    run = copy_of(step_run, tmp_path, "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], '{"step": "three", "loss": 1.0}', *lines[1:]]) + "\n")
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"name": "LEAKED", "tokens": 1}))
+    (run / "train_summary.json").unlink()
+    (run / "train_summary.json").symlink_to(secret)
+    path = report.main([str(run), "--out", str(tmp_path / "report")])
+    out = capsys.readouterr().out
+    assert "skipped:" in out and "1 line(s) that are not metrics records" in out and "link leading outside" in out
+    assert "LEAKED" not in path.read_text()
+
+
+# ---------------------------------------------------------------- 6. sizes before allocation
+
+
+@pytest.mark.parametrize("key, value", [("vocab_size", 10**9), ("hidden_size", 10**6)])
+def test_a_config_far_larger_than_its_weights_is_refused_before_anything_is_built(step_run, tmp_path, key, value):
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "config.json does not match its weights",
+                   f"{value}")
+
+
+def test_weights_larger_than_memory_are_refused_without_being_read(step_run, tmp_path):
+    """A sparse safetensors file: a header naming one tensor of twice this machine's memory, the rest holes."""
+    free = available_memory()
+    if free is None:
+        pytest.skip("this machine's available memory cannot be read")
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    rows = 2 * free // (4 * 1024) + 1
+    header = json.dumps({"huge": {"dtype": "F32", "shape": [rows, 1024], "data_offsets": [0, rows * 1024 * 4]}})
+    with open(folder / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(header)) + header.encode())
+        fh.truncate(8 + len(header) + rows * 1024 * 4)
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "more than the", "available")
+
+
+def test_a_tokenizer_file_of_hundreds_of_megabytes_is_not_parsed(step_run, tmp_path):
+    folder = copy_of(step_run / "checkpoint", tmp_path)
+    with open(folder / "tokenizer.json", "r+b") as fh:
+        fh.truncate(300 << 20)  # sparse: 300 MB that cost nothing to make
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "tokenizer.json", "300.0 MiB",
+                   "larger than any tokenizer file")
+
+
+def test_a_zero_stride_random_state_is_refused_before_it_is_copied(step_run, tmp_path):
+    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    rng = capture_rng()
+    rng["torch"] = torch.zeros(1, dtype=torch.uint8).expand(10**10)  # 10 GB as a view of one byte
+    torch.save(rng, step / "rng-0.pt")
+    assert (step / "rng-0.pt").stat().st_size < 100_000
+    with pytest.raises(UserError, match=r"rng-0.pt: state\['torch'\] is a view of 10,000,000,000 elements"):
+        load_saved(step / "rng-0.pt")
+    with pytest.raises(UserError, match="is a view of"):
+        pretraining.pretrain(config_for(*TINY, "name=steps", "train.max_steps=4", f"train.resume={step}"),
+                             tmp_path / "run")
+
+
+def test_a_line_of_hundreds_of_megabytes_in_a_task_file_is_one_line(step_run, tmp_path):
+    glue = glue_folder(tmp_path)
+    with open(glue / "RTE" / "train.tsv", "ab") as fh:
+        fh.write(b"99\t")
+        fh.truncate(fh.tell() + (200 << 20))  # a 200 MB second sentence, never written out
+    result = run_command("eval.py", eval_args(step_run / "checkpoint", tmp_path, "eval=glue", "eval.tasks=[rte]",
+                                              f"eval.data_dir={glue}"))
+    one_line_error(result, "train.tsv line 50 is longer than 4.0 MiB")
+
+
+def test_invalid_utf8_in_a_tsv_names_the_line_and_byte(tmp_path):
+    from cramming.eval.tasks import load_task
+
+    glue = glue_folder(tmp_path)
+    path = glue / "RTE" / "dev.tsv"
+    lines = path.read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b"cat", b"c\xffat", 1)
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(UserError, match=r"dev.tsv line 4: not valid UTF-8 at byte \d+ \(invalid start byte\)"):
+        load_task("rte", str(glue))
+
+
+def test_token_ids_past_the_embedding_table_in_prepared_data_are_refused(tmp_path):
+    from cramming.data.prepare import prepare_data
+
+    config = config_for(*TINY, f"data.cache_dir={tmp_path / 'cache'}")
+    folder, meta = prepare_data(config.data)
+    prepared = shutil.copytree(folder, tmp_path / "prepared")
+    stream = np.fromfile(prepared / "train.bin", dtype=meta["dtype"])
+    stream[10] = meta["vocab_size"] + 7  # as many tokens as before: only the largest id tells
+    stream.tofile(prepared / "train.bin")
+    result = run_command("pretrain.py", [*TINY, "train.max_steps=1", f"data.prepared={prepared}",
+                                         f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(result, "train.bin holds token id", f"{meta['vocab_size'] + 7}", "past the vocabulary")
+
+
+# ---------------------------------------------------------------- 8. step and run folders are data
+
+
+@pytest.mark.slow  # a new interpreter: the command as a user runs it
+def test_an_interpolation_in_a_step_config_is_never_resolved(step_run, tmp_path, monkeypatch):
+    monkeypatch.setenv("CRAMMING_TEST_SECRET", "hunter2")
+    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    saved = torch.load(step / "state.pt", weights_only=True)
+    saved["config"]["arch"]["norm"] = "${oc.env:CRAMMING_TEST_SECRET}"
+    torch.save(saved, step / "state.pt")
+    result = subprocess.run([sys.executable, "-m", "cramming.export", str(step), str(tmp_path / "out")], cwd=REPO,
+                            capture_output=True, text=True, timeout=300, env={**os.environ})
+    one_line_error(result, "holds an interpolation", "never resolves")
+    assert "hunter2" not in result.stdout + result.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_step_written_by_a_newer_version_is_one_line(step_run, tmp_path):
+    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    saved = torch.load(step / "state.pt", weights_only=True)
+    saved["state"]["tokens_per_expert"] = 3
+    torch.save(saved, step / "state.pt")
+    with pytest.raises(UserError, match="keys this cramming does not know .tokens_per_expert.; a newer cramming"):
+        export_step(step, tmp_path / "out")
+    with pytest.raises(UserError, match="a newer cramming"):
+        open_source(str(step))
+    result = run_command("pretrain.py", [*TINY, "name=steps", "train.max_steps=4", f"train.resume={step}",
+                                         f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(result, "tokens_per_expert")
+
+
+def test_a_step_with_tensors_of_the_wrong_shapes_is_one_line(step_run, tmp_path):
+    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    saved = torch.load(step / "state.pt", weights_only=True)
+    name = next(k for k in saved["model"] if k.endswith("qkv.weight"))
+    saved["model"][name] = torch.zeros(3, 5)
+    torch.save(saved, step / "state.pt")
+    result = run_command("pretrain.py", [*TINY, "name=steps", "train.max_steps=4", f"train.resume={step}",
+                                         f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(result, "does not fit this run's model", "size mismatch")
+    with pytest.raises(UserError, match="do not fit the model its config describes"):
+        export_step(step, tmp_path / "out")
