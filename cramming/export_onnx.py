@@ -7,10 +7,10 @@ onnxruntime for the check)."""
 import contextlib
 import importlib.util
 import io
-import json
 import logging
 import os
 import re
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -20,8 +20,12 @@ import transformers
 from . import model as crammed
 from .errors import UserError
 from .model_code import foreign_code
+from .outputs import writing
+from .train.checkpoint import check_sizes, check_weights
+from .untrusted import read_json_object, refuse_links_outside
 
 TOLERANCE = 1e-4  # onnxruntime against PyTorch, on the real tokens of a padded batch
+MORE_MEMORY = "export it on a machine with more memory"
 
 
 def load_for_export(folder: Path, trust_remote_code: bool = False):
@@ -30,7 +34,8 @@ def load_for_export(folder: Path, trust_remote_code: bool = False):
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise UserError(f"{folder}: not a model folder (no config.json); give a run's checkpoint/ or an exported step")
-    saved = json.loads(config_path.read_text())
+    refuse_links_outside(folder, "the ONNX export")
+    saved = read_json_object(config_path, what="config.json")
     if saved.get("model_type") != "crammed":
         raise UserError(f"{folder} holds a {saved.get('model_type')!r} model, not a crammed one; this exports "
                         "cramming's checkpoints (transformers' own models export with torch.onnx.export directly)")
@@ -39,14 +44,18 @@ def load_for_export(folder: Path, trust_remote_code: bool = False):
         raise UserError(f"{folder}: config.json names {head!r}, which is no class of cramming's "
                         f"({', '.join(crammed.CLASSES)})")
     transformers.logging.disable_progress_bar()  # the one-line contract holds for loading too
+    tensors = check_weights(folder)
     if (name := foreign_code(folder)) is None:
+        check_sizes(folder, crammed.CrammedConfig.from_pretrained(folder), tensors, False, MORE_MEMORY)
         return getattr(crammed, head).from_pretrained(folder).eval()
     if not trust_remote_code:
         raise UserError(f"{folder / name} is not this cramming's own model code (an altered folder, or one written "
                         "by another version); export it with the code it came with, if you trust it: "
                         "--trust-remote-code")
     auto = {v.rsplit(".", 1)[1]: k for k, v in saved.get("auto_map", {}).items()}.get(head, "AutoModel")
-    return getattr(transformers, auto).from_pretrained(folder, trust_remote_code=True).eval()
+    config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    check_sizes(folder, config, tensors, True, MORE_MEMORY)
+    return getattr(transformers, auto).from_pretrained(folder, config=config, trust_remote_code=True).eval()
 
 
 def example(config, batch: int, seq: int, padded_rows: int = 1, seed: int = 0) -> dict:
@@ -65,19 +74,26 @@ def export_onnx(folder: Path, out: Path | None = None, trust_remote_code: bool =
     for package in ("onnx", "onnxscript"):
         if importlib.util.find_spec(package) is None:
             raise UserError(f"--onnx needs the {package} package: pip install 'cramming[export]'")
+    default = folder / "model.onnx"  # the model folder's own graph: an earlier export's is replaced
+    out = Path(out) if out is not None else default
+    if (out.exists() or out.is_symlink()) and out.absolute() != default.absolute():
+        raise UserError(f"{out} already exists; it was left as it is: give a new file name for the ONNX graph")
     model = load_for_export(folder, trust_remote_code)
-    out = Path(out) if out is not None else folder / "model.onnx"
     longest = model.config.max_seq_length
     seq = min(16, longest)
     inputs = example(model.config, 2, seq)
     axes = {"input_ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence", max=longest)}}
     axes["attention_mask"] = axes["input_ids"]
-    tmp = out.with_name(out.name + ".tmp")
+    with writing(out.parent, out.name):
+        tmp = Path(tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")[1])
     try:
         with quiet():  # the exporter's progress lines and, on failure, its graph dumps: the one line says it
             program = torch.onnx.export(model, (), kwargs=inputs, dynamo=True, dynamic_shapes=axes,
                                         input_names=list(inputs), output_names=["logits"], verbose=False)
-            program.save(str(tmp))
+            with writing(out.parent, out.name, made=[tmp]):
+                program.save(str(tmp))
+    except UserError:
+        raise
     except Exception as err:  # noqa: BLE001  the exporter fails in many types; each means the same here
         tmp.unlink(missing_ok=True)
         raise UserError(f"{folder}: torch.onnx could not export this model ({root_cause(err)})") from None

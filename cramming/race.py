@@ -28,11 +28,15 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from .errors import exit_on_user_error
+from .outputs import claim_folder
+
 ALPHA = 0.01  # both verdicts; modded-nanogpt's records use p < 0.01
 EXACT_SPLITS = 200_000  # exact permutation p up to this many ways to split the runs (10 seeds each: 184,756)
 TIME_TEST = ("one-sided Mann-Whitney U, B faster than A; runs that missed the target are censored: tied with each "
              "other above every reached run")
 PRETRAIN = "from cramming.commands import pretrain_command; pretrain_command('cramming-pretrain')"
+RACE_FILES = ("a", "b", "race.json")  # what a race writes into its folder
 
 
 class Parser(argparse.ArgumentParser):
@@ -184,9 +188,11 @@ def table(configs: dict, result: dict) -> str:
     return "\n".join(lines)
 
 
+@exit_on_user_error
 def main(argv=None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     out = (args.out or Path("outputs") / "race" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).resolve()
+    claim_folder(out, lambda entry: entry.name in RACE_FILES, "a race")  # a folder of the user's is left alone
     configs = {"a": args.a, "b": args.b}
     runs = {}
     for name, extra in configs.items():

@@ -38,7 +38,9 @@ from .atomic import locked, write_atomic
 from .errors import EXIT_UNEXPECTED, RunStopped, UserError, exit_on_user_error, failure_line
 from .eval.config import EvalConfig
 from .renames import renamed_override
+from .run_folder import stop
 from .train.signals import EXIT_PREEMPTED
+from .untrusted import read_json as read_untrusted_json
 
 EXIT_SWEEP_FAILED = 1  # a multirun in which at least one job failed
 
@@ -140,8 +142,17 @@ def record_job(sweep_dir: Path, job: int, run_dir: Path, overrides: list[str], *
 
 
 def read_manifest(sweep_dir) -> list[dict]:
+    """The manifest's job entries; a sweep folder continued in place is data someone may have changed, so a manifest
+    that is not one (or an entry without a job number) is one line naming it."""
     path = Path(sweep_dir) / "manifest.json"
-    return json.loads(path.read_text())["jobs"] if path.is_file() else []
+    if not path.is_file():
+        return []
+    manifest = read_untrusted_json(path, what="sweep manifest")
+    jobs = manifest.get("jobs") if isinstance(manifest, dict) else None
+    if not isinstance(jobs, list) or not all(isinstance(j, dict) and isinstance(j.get("job"), int) for j in jobs):
+        raise UserError(f"{path}: not a sweep manifest (a list of jobs, each with its number); move it away to "
+                        "continue the sweep in this folder, or give hydra.sweep.dir a new folder")
+    return jobs
 
 
 def sweep_job(fn):
@@ -213,7 +224,10 @@ class SweepOutcome(Callback):
         self.before: dict[int, str | None] = {}
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self.before = {j["job"]: j.get("updated") for j in read_manifest(config.hydra.sweep.dir)}
+        try:
+            self.before = {j["job"]: j.get("updated") for j in read_manifest(config.hydra.sweep.dir)}
+        except UserError as err:  # before any job: Hydra would only warn of an exception from a callback
+            stop(str(err))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir).resolve()

@@ -287,3 +287,51 @@ def test_a_read_only_checkpoint_keeps_its_scores_in_the_run_folder(step_run, tmp
         assert "not updated (the file system is read-only); the scores are in results.json" in result.stdout
         assert json.loads((tmp_path / "eval" / "results.json").read_text())["complete"]
         assert snapshot(disk) == before
+
+
+@pytest.mark.parametrize("command", ["report", "race", "onnx"])
+def test_other_outputs_into_a_folder_or_file_of_the_users_are_refused(step_run, tmp_path, command):
+    """python -m cramming.report --out, python -m cramming.race --out, and an ONNX graph onto an existing file."""
+    from cramming import race, report
+    from cramming.export_onnx import export_onnx
+
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "draft.md").write_text("my draft")
+    before = snapshot(users)
+    if command == "report":
+        with pytest.raises(SystemExit) as stop:
+            report.main([str(step_run), "--out", str(users)])
+    elif command == "race":
+        with pytest.raises(SystemExit) as stop:
+            race.main(["--a", "train.lr=1e-3", "--b", "train.lr=2e-3", "--seeds", "2", "--out", str(users),
+                       "train.target_loss=5"])
+    else:
+        with pytest.raises(UserError, match="draft.md already exists; it was left as it is"):
+            export_onnx(step_run / "checkpoint", users / "draft.md")
+        stop = None
+    assert stop is None or stop.value.code == 2
+    assert snapshot(users) == before
+
+
+def test_a_manifest_that_is_not_one_is_one_line(tmp_path):
+    from cramming.sweep import read_manifest
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"jobs": [{"job": "one"}]}))
+    with pytest.raises(UserError, match="manifest.json: not a sweep manifest"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(UserError, match="not valid UTF-8"):
+        read_manifest(tmp_path)
+
+
+def test_a_read_only_results_table_keeps_the_scores_in_results_json(step_run, tmp_path):
+    from test_loading_safety import custom_task
+
+    with small_disk(tmp_path / "ro", "1m") as disk:
+        remount_read_only(disk)
+        result = run_command("eval.py", [f"checkpoint={step_run / 'checkpoint'}", *custom_task(tmp_path),
+                                         f"hydra.run.dir={tmp_path / 'eval'}", f"eval.results_table={disk / 'r.csv'}"])
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"results table: {disk / 'r.csv'} not updated (the file system is read-only)" in result.stdout
+        assert json.loads((tmp_path / "eval" / "results.json").read_text())["complete"]

@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from ..atomic import locked
 from ..errors import UserError
+from ..outputs import writing
 from ..untrusted import check_tokenizer_files
 from .dedup import SeenHashes
 from .packed import PackedTokens
@@ -56,7 +57,8 @@ def prepare_data(cfg) -> tuple[Path, dict]:
         if not (folder / "meta.json").exists():
             with locked(folder):  # a second job waits here, then finds the finished cache
                 if not (folder / "meta.json").exists():
-                    _build(cfg, source, folder)
+                    with writing(cache_root, "the prepared data"):  # a full disk: one line, no half folder
+                        _build(cfg, source, folder)
         meta = json.loads((folder / "meta.json").read_text())
     print(f"data: {meta['train_sequences']:,} train / {meta['val_sequences']:,} validation sequences "
           f"of {cfg.seq_length} tokens from {folder}", flush=True)

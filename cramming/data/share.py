@@ -20,6 +20,7 @@ import numpy as np
 
 from ..atomic import locked
 from ..errors import UserError, exit_on_user_error
+from ..outputs import writing
 from ..untrusted import read_json, refuse_links_outside
 from .packed import PackedTokens
 
@@ -78,7 +79,7 @@ def import_prepared(path: Path, cache_root: Path) -> Path:
     folder = Path(cache_root) / f"imported-{hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]}"
     if (folder / "meta.json").exists():
         return folder
-    with locked(folder):
+    with locked(folder), writing(cache_root, "the imported data"):
         if not (folder / "meta.json").exists():
             _unpack(path, meta, folder)
     return folder

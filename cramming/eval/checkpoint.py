@@ -17,7 +17,7 @@ from ..model_code import foreign_code
 from ..run_folder import name_problem
 from ..train.checkpoint import SUMMARY, check_sizes, check_weights, is_complete
 from ..train.resume import MARKER as RESUME_MARKER
-from ..untrusted import check_tokenizer_files, link_outside, read_json
+from ..untrusted import check_tokenizer_files, leads_outside, link_outside, read_json
 from .config import EvalRunConfig
 from .finetune import Checkpoint, load_config
 
@@ -35,8 +35,8 @@ def newest_run_checkpoint(config: EvalRunConfig) -> Path:
     if problem := name_problem(config.name):
         raise UserError(problem)
     runs = Path(config.runs_dir).expanduser()
-    candidates = [p for p in list(runs.glob(f"{config.name}/*/checkpoint")) + list(runs.glob(f"{config.name}/*/*/checkpoint"))
-                  if is_complete(p)]
+    found = list(runs.glob(f"{config.name}/*/checkpoint")) + list(runs.glob(f"{config.name}/*/*/checkpoint"))
+    candidates = [p for p in found if is_complete(p) and not leads_outside(runs, p)]  # a link out is no run of ours
     if not candidates:
         raise UserError(f"name={config.name!r}: no complete checkpoint under {runs}/{config.name}/ "
                         "(a run still training or stopped early has none); pass checkpoint=<folder>")

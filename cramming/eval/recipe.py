@@ -206,19 +206,25 @@ def write_results(config, checkpoint, results: dict, table_rows: dict, predictio
         write_atomic(where, json.dumps(answers, indent=1, ensure_ascii=False))
     path = run_dir / "results.json"
     write_atomic(path, json.dumps(results, indent=2))
-    for label, row in table_rows.items():
-        append_csv(Path(config.eval.results_table), {
-            "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
-            "comparable": results["comparable"], "not_comparable_because": describe(why),
-            "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()}, "results": str(path.resolve())})
+    table_line = None
+    try:
+        for label, row in table_rows.items():
+            append_csv(Path(config.eval.results_table), {
+                "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
+                "comparable": results["comparable"], "not_comparable_because": describe(why),
+                "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()}, "results": str(path.resolve())})
+    except WriteFault as err:  # the scores are whole in results.json: the table is a convenience
+        table_line = f"results table: {config.eval.results_table} not updated ({err.reason}); the scores are in " \
+                     "results.json"
     print()
     print(markdown_table(table_rows, benchmark.columns))
     if why:
         print(f"(not comparable to published {benchmark.title} scores: {describe(why)})")
     for name, reason in results["skipped"].items():
         print(f"(skipped {name}: {reason})")
-    if line := update_card(checkpoint, card_entry(config, results, table_rows["pretrained"])):
-        print(line, flush=True)
+    for line in (table_line, update_card(checkpoint, card_entry(config, results, table_rows["pretrained"]))):
+        if line:
+            print(line, flush=True)
     print(f"results: {path.resolve()}", flush=True)
     return path.resolve()
 

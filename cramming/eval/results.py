@@ -5,6 +5,9 @@ import statistics
 from pathlib import Path
 
 from ..atomic import atomic_open, locked
+from ..errors import UserError
+from ..outputs import writing
+from ..untrusted import text_lines
 from .glue_metrics import glue_average
 from .tasks import GLUE_COLUMNS as COLUMNS  # the GLUE paper's order; each column a key of glue_average's scores
 from .tasks import GLUE_TASKS
@@ -51,11 +54,13 @@ def glue_summary(scores: dict[str, float], include_wnli: bool) -> dict:
 def append_csv(path: Path, row: dict) -> None:
     """One row per evaluation; columns grow as new tasks appear (the file is rewritten then), under a lock, so the
     jobs of a sweep that share the table never lose each other's rows."""
-    with locked(path):
+    with writing(path.parent, path.name), locked(path):  # a read-only or full folder: WriteFault, one line
         rows = []
         if path.exists():
-            with open(path, newline="") as fh:
-                rows = list(csv.DictReader(fh))
+            try:
+                rows = list(csv.DictReader(text_lines(path)))
+            except csv.Error as err:
+                raise UserError(f"{path}: not a results table ({err}); give eval.results_table a new file") from None
         rows.append({k: ("" if v is None else v) for k, v in row.items()})
         fields = list(dict.fromkeys(k for r in rows for k in r))
         with atomic_open(path, "w", newline="") as fh:
