@@ -180,6 +180,20 @@ def causal_checkpoint(tmp_path_factory) -> Path:
     return Path(built_once(tmp_path_factory, "causal-checkpoint", build))
 
 
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory) -> Path:
+    """A tiny run folder of the module's own (its tests may change it): step folders 2 and 3 and the checkpoint,
+    name=source, on the TINY config of test_resume. What the loading-safety and border tests attack copies of."""
+    from test_resume import TINY, config_for
+
+    from cramming import pretraining
+
+    run_dir = tmp_path_factory.mktemp("source")
+    pretraining.pretrain(config_for(*TINY, "train.max_steps=3", "name=source", "train.checkpoint_every_minutes=0.0001"),
+                         run_dir)
+    return run_dir
+
+
 def glue_folder(root: Path, train: int = 48, dev: int = 16) -> Path:
     """A glue_data/ folder holding a small RTE in the original layout (header, tab-separated, string labels)."""
     rte = root / "glue" / "RTE"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, one_line_error, run_command
-from test_resume import TINY, config_for
+from test_resume import TINY
 
 from cramming import run_folder
 from cramming.errors import UserError
@@ -26,17 +26,6 @@ from cramming.outputs import fault_reason
 from cramming.train.checkpoint import save_checkpoint
 from cramming.train.resume import Checkpointer, complete_checkpoints, load_checkpoint
 from cramming.train.state import TrainState
-
-
-@pytest.fixture(scope="module")
-def step_run(tmp_path_factory):
-    """A tiny run with step folders (steps 2 and 3) and its final checkpoint."""
-    from cramming import pretraining
-
-    run_dir = tmp_path_factory.mktemp("step-run")
-    pretraining.pretrain(config_for(*TINY, "train.max_steps=3", "name=steps", "train.checkpoint_every_minutes=0.0001"),
-                         run_dir)
-    return run_dir
 
 
 def snapshot(folder: Path) -> dict:
@@ -49,7 +38,7 @@ def small_disk(folder: Path, size: str, read_only: bool = False):
     """A tmpfs of `size` mounted on `folder` (remounted read-only after `folder`'s setup when asked): where the
     machine lets this process mount, else the test is skipped."""
     folder.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, check=False)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.decode().strip()[:100]})")
     try:
@@ -66,32 +55,32 @@ def remount_read_only(folder: Path) -> None:
 
 
 @pytest.mark.slow  # a new interpreter (or two): the command as a user runs it
-def test_an_export_into_a_folder_holding_the_users_files_is_refused_and_changes_nothing(step_run, tmp_path):
+def test_an_export_into_a_folder_holding_the_users_files_is_refused_and_changes_nothing(source_run, tmp_path):
     users = tmp_path / "mine"
     users.mkdir()
     (users / "notes.txt").write_text("my notes")
     (users / "config.json").write_text('{"mine": true}')  # a name a save writes: still not a folder of ours
     before = snapshot(users)
-    result = subprocess.run([sys.executable, "-m", "cramming.export", str(step_run / "checkpoints" / "step-00000003"),
-                             str(users)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "cramming.export", str(source_run / "checkpoints" / "step-00000003"),
+                             str(users)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     one_line_error(result, str(users), "notes.txt", "did not write")
     assert snapshot(users) == before and sorted(os.listdir(tmp_path)) == ["mine"]
 
 
 @pytest.mark.slow  # a new interpreter (or two): the command as a user runs it
-def test_an_export_into_the_current_folder_is_refused(step_run, tmp_path):
+def test_an_export_into_the_current_folder_is_refused(source_run, tmp_path):
     here = tmp_path / "here"
     here.mkdir()
     (here / "keep.txt").write_text("keep")
-    result = subprocess.run([sys.executable, "-m", "cramming.export", str(step_run / "checkpoints" / "step-00000003"),
+    result = subprocess.run([sys.executable, "-m", "cramming.export", str(source_run / "checkpoints" / "step-00000003"),
                              "."], cwd=here, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     one_line_error(result, "current folder")
     assert os.listdir(here) == ["keep.txt"]
 
 
-def test_an_export_replaces_an_earlier_export_and_writes_into_an_empty_folder(step_run, tmp_path):
-    step = step_run / "checkpoints" / "step-00000003"
+def test_an_export_replaces_an_earlier_export_and_writes_into_an_empty_folder(source_run, tmp_path):
+    step = source_run / "checkpoints" / "step-00000003"
     out = export_step(step, tmp_path / "out")
     (out / "README.md").write_text("stale")
     again = export_step(step, tmp_path / "out")  # an earlier export: ours to replace
@@ -235,23 +224,24 @@ def test_a_read_only_folder_during_a_save_is_one_line(tmp_path):
 
 
 @pytest.mark.slow  # a new interpreter (or two): the command as a user runs it
-def test_a_full_disk_during_an_export_leaves_no_half_folder(step_run, tmp_path):
+def test_a_full_disk_during_an_export_leaves_no_half_folder(source_run, tmp_path):
     with small_disk(tmp_path / "disk", "64k") as disk:
         result = subprocess.run([sys.executable, "-m", "cramming.export",
-                                 str(step_run / "checkpoints" / "step-00000003"), str(disk / "out")], cwd=REPO,
-                                capture_output=True, text=True, timeout=300)
+                                 str(source_run / "checkpoints" / "step-00000003"), str(disk / "out")], cwd=REPO,
+                                capture_output=True, text=True, timeout=300, check=False)
         one_line_error(result, "cannot write the model folder out", "the disk is full")
         assert os.listdir(disk) == []
 
 
-def test_a_full_disk_during_the_final_checkpoint_removes_its_temporary_folder(step_run, tmp_path):
+def test_a_full_disk_during_the_final_checkpoint_removes_its_temporary_folder(source_run, tmp_path):
     from cramming.run import build_model  # noqa: F401  the model class: a real save's files
     from cramming.train.checkpoint import is_complete
 
-    source = step_run / "checkpoint"
+    source = source_run / "checkpoint"
     summary = json.loads((source / "train_summary.json").read_text())
-    from cramming.model import CrammedForMaskedLM
     from transformers import PreTrainedTokenizerFast
+
+    from cramming.model import CrammedForMaskedLM
 
     model = CrammedForMaskedLM.from_pretrained(source)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(source)
@@ -273,11 +263,11 @@ def test_a_write_fault_is_told_from_other_errors(tmp_path):
 # ---------------------------------------------------------------- 5. write only where the user pointed
 
 
-def test_a_read_only_checkpoint_keeps_its_scores_in_the_run_folder(step_run, tmp_path):
+def test_a_read_only_checkpoint_keeps_its_scores_in_the_run_folder(source_run, tmp_path):
     from test_loading_safety import custom_task
 
     with small_disk(tmp_path / "ro", "4m") as disk:
-        shutil.copytree(step_run / "checkpoint", disk / "checkpoint")
+        shutil.copytree(source_run / "checkpoint", disk / "checkpoint")
         remount_read_only(disk)
         before = snapshot(disk)
         result = run_command("eval.py", [f"checkpoint={disk / 'checkpoint'}", *custom_task(tmp_path),
@@ -290,7 +280,7 @@ def test_a_read_only_checkpoint_keeps_its_scores_in_the_run_folder(step_run, tmp
 
 
 @pytest.mark.parametrize("command", ["report", "race", "onnx"])
-def test_other_outputs_into_a_folder_or_file_of_the_users_are_refused(step_run, tmp_path, command):
+def test_other_outputs_into_a_folder_or_file_of_the_users_are_refused(source_run, tmp_path, command):
     """python -m cramming.report --out, python -m cramming.race --out, and an ONNX graph onto an existing file."""
     from cramming import race, report
     from cramming.export_onnx import export_onnx
@@ -301,14 +291,14 @@ def test_other_outputs_into_a_folder_or_file_of_the_users_are_refused(step_run, 
     before = snapshot(users)
     if command == "report":
         with pytest.raises(SystemExit) as stop:
-            report.main([str(step_run), "--out", str(users)])
+            report.main([str(source_run), "--out", str(users)])
     elif command == "race":
         with pytest.raises(SystemExit) as stop:
             race.main(["--a", "train.lr=1e-3", "--b", "train.lr=2e-3", "--seeds", "2", "--out", str(users),
                        "train.target_loss=5"])
     else:
         with pytest.raises(UserError, match="draft.md already exists; it was left as it is"):
-            export_onnx(step_run / "checkpoint", users / "draft.md")
+            export_onnx(source_run / "checkpoint", users / "draft.md")
         stop = None
     assert stop is None or stop.value.code == 2
     assert snapshot(users) == before
@@ -325,12 +315,12 @@ def test_a_manifest_that_is_not_one_is_one_line(tmp_path):
         read_manifest(tmp_path)
 
 
-def test_a_read_only_results_table_keeps_the_scores_in_results_json(step_run, tmp_path):
+def test_a_read_only_results_table_keeps_the_scores_in_results_json(source_run, tmp_path):
     from test_loading_safety import custom_task
 
     with small_disk(tmp_path / "ro", "1m") as disk:
         remount_read_only(disk)
-        result = run_command("eval.py", [f"checkpoint={step_run / 'checkpoint'}", *custom_task(tmp_path),
+        result = run_command("eval.py", [f"checkpoint={source_run / 'checkpoint'}", *custom_task(tmp_path),
                                          f"hydra.run.dir={tmp_path / 'eval'}", f"eval.results_table={disk / 'r.csv'}"])
         assert result.returncode == 0, result.stderr[-2000:]
         assert f"results table: {disk / 'r.csv'} not updated (the file system is read-only)" in result.stdout

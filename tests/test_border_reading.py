@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, glue_folder, one_line_error, run_command
-from test_border import snapshot, step_run  # noqa: F401  the module's fixture: a tiny run with step folders
-from test_loading_safety import custom_task, mock_hub
+from test_border import snapshot
+from test_loading_safety import custom_task
 from test_resume import TINY, config_for
 
 from cramming import hub, model_code, pretraining, report
 from cramming.errors import UserError
 from cramming.eval.checkpoint import check_checkpoint
-from cramming.eval.recipe import update_card
 from cramming.eval.finetune import Checkpoint
+from cramming.eval.recipe import update_card
 from cramming.export import export_step
 from cramming.push import push
 from cramming.train.init_from import open_source
@@ -52,10 +52,10 @@ def eval_args(checkpoint, tmp_path, *extra):
 # ---------------------------------------------------------------- 3. what is checked is what is loaded
 
 
-def test_a_versioned_config_naming_other_code_is_refused_before_it_runs(step_run, tmp_path):
+def test_a_versioned_config_naming_other_code_is_refused_before_it_runs(source_run, tmp_path):
     """transformers reads config.<version>.json when config.json names it in configuration_files, and that file's
     auto_map decides the code: the check reads it too."""
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     marker = tmp_path / "ran"
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "configuration_files": ["config.4.0.0.json"]}))
@@ -68,13 +68,13 @@ def test_a_versioned_config_naming_other_code_is_refused_before_it_runs(step_run
     assert not marker.exists()
 
 
-def test_a_file_swapped_after_the_check_is_never_imported(step_run, tmp_path, monkeypatch):
+def test_a_file_swapped_after_the_check_is_never_imported(source_run, tmp_path, monkeypatch):
     """Our checkpoint passes the check; then its model code is replaced. It loads with this package's classes, so
     the replaced file never runs."""
     from cramming.eval import checkpoint as checking
     from cramming.eval import recipe
 
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     marker = tmp_path / "ran"
     real = checking.check_checkpoint
 
@@ -91,10 +91,10 @@ def test_a_file_swapped_after_the_check_is_never_imported(step_run, tmp_path, mo
     assert not marker.exists()
 
 
-def test_a_checkpoint_of_an_earlier_version_needs_no_opt_in(step_run, tmp_path, monkeypatch):
+def test_a_checkpoint_of_an_earlier_version_needs_no_opt_in(source_run, tmp_path, monkeypatch):
     """Model code that a release of cramming saved but that differs from this installation's is ours: its digest is
     in the record of shipped code. A version no release saved is foreign."""
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     older = (folder / "modeling_crammed.py").read_text() + "\n# as an earlier release saved it\n"
     (folder / "modeling_crammed.py").write_text(older)
     assert model_code.foreign_code(folder) == "modeling_crammed.py"
@@ -124,8 +124,8 @@ def test_the_record_of_shipped_code_holds_this_installation_and_its_history():
                 assert blob in recorded[os.path.basename(path)], f"{path} at {commit[:8]} is not recorded"
 
 
-def test_a_tokenizer_auto_map_in_the_older_list_form_is_read(step_run, tmp_path):
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+def test_a_tokenizer_auto_map_in_the_older_list_form_is_read(source_run, tmp_path):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     marker = tmp_path / "ran"
     saved = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**saved, "auto_map": ["tok.Slow", "tok.Fast"]}))
@@ -138,12 +138,12 @@ def test_a_tokenizer_auto_map_in_the_older_list_form_is_read(step_run, tmp_path)
 # ---------------------------------------------------------------- 4. read only inside the folder
 
 
-def test_push_refuses_a_link_leading_out_and_uploads_nothing(step_run, tmp_path, monkeypatch):
+def test_push_refuses_a_link_leading_out_and_uploads_nothing(source_run, tmp_path, monkeypatch):
     import huggingface_hub
 
     secret = tmp_path / "secret.txt"
     secret.write_text("private key")
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     (folder / "notes.txt").symlink_to(secret)
     sent = []
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, *a, **k: "https://hub/x")
@@ -153,8 +153,8 @@ def test_push_refuses_a_link_leading_out_and_uploads_nothing(step_run, tmp_path,
     assert sent == []
 
 
-def test_the_card_never_copies_a_linked_file_in(step_run, tmp_path):
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+def test_the_card_never_copies_a_linked_file_in(source_run, tmp_path):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     outside = tmp_path / "elsewhere.json"
     outside.write_text(json.dumps({**json.loads((folder / "train_summary.json").read_text()), "name": "LEAKED"}))
     (folder / "train_summary.json").unlink()
@@ -166,8 +166,8 @@ def test_the_card_never_copies_a_linked_file_in(step_run, tmp_path):
     assert (folder / "README.md").read_text() == before and "LEAKED" not in before
 
 
-def test_an_index_entry_leading_outside_is_refused(step_run, tmp_path):
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+def test_an_index_entry_leading_outside_is_refused(source_run, tmp_path):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     weights = folder / "model.safetensors"
     outside = tmp_path / "elsewhere.safetensors"
     shutil.move(weights, outside)
@@ -177,12 +177,12 @@ def test_an_index_entry_leading_outside_is_refused(step_run, tmp_path):
         check_checkpoint(folder)
 
 
-def test_eval_on_a_hub_id_never_writes_into_the_hub_cache(step_run, tmp_path, monkeypatch):
+def test_eval_on_a_hub_id_never_writes_into_the_hub_cache(source_run, tmp_path, monkeypatch):
     cache = tmp_path / "hub"
     monkeypatch.setattr(hub.huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     snapshot_dir = cache / "models--someone--crammed" / "snapshots" / "abc"
     snapshot_dir.parent.mkdir(parents=True)
-    shutil.copytree(step_run / "checkpoint", snapshot_dir)
+    shutil.copytree(source_run / "checkpoint", snapshot_dir)
     monkeypatch.setattr(hub, "_from_hub", lambda *args: snapshot_dir)
     before = snapshot(cache)
     result = run_command("eval.py", eval_args("someone/crammed", tmp_path))
@@ -191,26 +191,26 @@ def test_eval_on_a_hub_id_never_writes_into_the_hub_cache(step_run, tmp_path, mo
     assert (tmp_path / "eval" / "results.json").is_file()
 
 
-def test_auto_resume_skips_odd_siblings_before_any_data_is_prepared(step_run, tmp_path, monkeypatch, capsys):
+def test_auto_resume_skips_odd_siblings_before_any_data_is_prepared(source_run, tmp_path, monkeypatch, capsys):
     runs = tmp_path / "outputs" / "odd"
     current = runs / "2026-01-02_00-00-00"
     current.mkdir(parents=True)
-    (runs / "linked").symlink_to(step_run)  # a sibling that is a link to a run elsewhere
+    (runs / "linked").symlink_to(source_run)  # a sibling that is a link to a run elsewhere
     broken = runs / "broken" / "checkpoints" / "step-00000005"
-    shutil.copytree(step_run / "checkpoints" / "step-00000003", broken)
+    shutil.copytree(source_run / "checkpoints" / "step-00000003", broken)
     (broken / "config.json").write_text("{not json")
     named = runs / "named" / "checkpoints"
-    shutil.copytree(step_run / "checkpoints" / "step-00000003", named / "step-abc")
+    shutil.copytree(source_run / "checkpoints" / "step-00000003", named / "step-abc")
     (runs / "file").write_text("not a run")
     monkeypatch.setattr(pretraining, "prepare", lambda *a: (_ for _ in ()).throw(AssertionError("data prepared")))
-    config = config_for(*TINY, "name=steps", "train.max_steps=3", "train.checkpoint_every_minutes=0.0001")
+    config = config_for(*TINY, "name=source", "train.max_steps=3", "train.checkpoint_every_minutes=0.0001")
     assert find_resume("auto", current, config) is None
     said = capsys.readouterr().out
     assert f"not resuming from {broken}" in said and "not valid JSON" in said
 
 
-def test_the_report_reads_no_link_out_and_skips_lines_that_are_not_records(step_run, tmp_path, capsys):
-    run = copy_of(step_run, tmp_path, "run")
+def test_the_report_reads_no_link_out_and_skips_lines_that_are_not_records(source_run, tmp_path, capsys):
+    run = copy_of(source_run, tmp_path, "run")
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join([lines[0], '{"step": "three", "loss": 1.0}', *lines[1:]]) + "\n")
     secret = tmp_path / "secret.json"
@@ -227,20 +227,20 @@ def test_the_report_reads_no_link_out_and_skips_lines_that_are_not_records(step_
 
 
 @pytest.mark.parametrize("key, value", [("vocab_size", 10**9), ("hidden_size", 10**6)])
-def test_a_config_far_larger_than_its_weights_is_refused_before_anything_is_built(step_run, tmp_path, key, value):
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+def test_a_config_far_larger_than_its_weights_is_refused_before_anything_is_built(source_run, tmp_path, key, value):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, key: value}))
     one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "config.json does not match its weights",
                    f"{value}")
 
 
-def test_weights_larger_than_memory_are_refused_without_being_read(step_run, tmp_path):
+def test_weights_larger_than_memory_are_refused_without_being_read(source_run, tmp_path):
     """A sparse safetensors file: a header naming one tensor of twice this machine's memory, the rest holes."""
     free = available_memory()
     if free is None:
         pytest.skip("this machine's available memory cannot be read")
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     rows = 2 * free // (4 * 1024) + 1
     header = json.dumps({"huge": {"dtype": "F32", "shape": [rows, 1024], "data_offsets": [0, rows * 1024 * 4]}})
     with open(folder / "model.safetensors", "wb") as fh:
@@ -249,16 +249,16 @@ def test_weights_larger_than_memory_are_refused_without_being_read(step_run, tmp
     one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "more than the", "available")
 
 
-def test_a_tokenizer_file_of_hundreds_of_megabytes_is_not_parsed(step_run, tmp_path):
-    folder = copy_of(step_run / "checkpoint", tmp_path)
+def test_a_tokenizer_file_of_hundreds_of_megabytes_is_not_parsed(source_run, tmp_path):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
     with open(folder / "tokenizer.json", "r+b") as fh:
         fh.truncate(300 << 20)  # sparse: 300 MB that cost nothing to make
     one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "tokenizer.json", "300.0 MiB",
                    "larger than any tokenizer file")
 
 
-def test_a_zero_stride_random_state_is_refused_before_it_is_copied(step_run, tmp_path):
-    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+def test_a_zero_stride_random_state_is_refused_before_it_is_copied(source_run, tmp_path):
+    step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
     rng = capture_rng()
     rng["torch"] = torch.zeros(1, dtype=torch.uint8).expand(10**10)  # 10 GB as a view of one byte
     torch.save(rng, step / "rng-0.pt")
@@ -266,16 +266,16 @@ def test_a_zero_stride_random_state_is_refused_before_it_is_copied(step_run, tmp
     with pytest.raises(UserError, match=r"rng-0.pt: state\['torch'\] is a view of 10,000,000,000 elements"):
         load_saved(step / "rng-0.pt")
     with pytest.raises(UserError, match="is a view of"):
-        pretraining.pretrain(config_for(*TINY, "name=steps", "train.max_steps=4", f"train.resume={step}"),
+        pretraining.pretrain(config_for(*TINY, "name=source", "train.max_steps=4", f"train.resume={step}"),
                              tmp_path / "run")
 
 
-def test_a_line_of_hundreds_of_megabytes_in_a_task_file_is_one_line(step_run, tmp_path):
+def test_a_line_of_hundreds_of_megabytes_in_a_task_file_is_one_line(source_run, tmp_path):
     glue = glue_folder(tmp_path)
     with open(glue / "RTE" / "train.tsv", "ab") as fh:
         fh.write(b"99\t")
         fh.truncate(fh.tell() + (200 << 20))  # a 200 MB second sentence, never written out
-    result = run_command("eval.py", eval_args(step_run / "checkpoint", tmp_path, "eval=glue", "eval.tasks=[rte]",
+    result = run_command("eval.py", eval_args(source_run / "checkpoint", tmp_path, "eval=glue", "eval.tasks=[rte]",
                                               f"eval.data_dir={glue}"))
     one_line_error(result, "train.tsv line 50 is longer than 4.0 MiB")
 
@@ -310,9 +310,9 @@ def test_token_ids_past_the_embedding_table_in_prepared_data_are_refused(tmp_pat
 
 
 @pytest.mark.slow  # a new interpreter: the command as a user runs it
-def test_an_interpolation_in_a_step_config_is_never_resolved(step_run, tmp_path, monkeypatch):
+def test_an_interpolation_in_a_step_config_is_never_resolved(source_run, tmp_path, monkeypatch):
     monkeypatch.setenv("CRAMMING_TEST_SECRET", "hunter2")
-    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
     saved = torch.load(step / "state.pt", weights_only=True)
     saved["config"]["arch"]["norm"] = "${oc.env:CRAMMING_TEST_SECRET}"
     torch.save(saved, step / "state.pt")
@@ -322,8 +322,8 @@ def test_an_interpolation_in_a_step_config_is_never_resolved(step_run, tmp_path,
     assert "hunter2" not in result.stdout + result.stderr and not (tmp_path / "out").exists()
 
 
-def test_a_step_written_by_a_newer_version_is_one_line(step_run, tmp_path):
-    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+def test_a_step_written_by_a_newer_version_is_one_line(source_run, tmp_path):
+    step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
     saved = torch.load(step / "state.pt", weights_only=True)
     saved["state"]["tokens_per_expert"] = 3
     torch.save(saved, step / "state.pt")
@@ -331,18 +331,18 @@ def test_a_step_written_by_a_newer_version_is_one_line(step_run, tmp_path):
         export_step(step, tmp_path / "out")
     with pytest.raises(UserError, match="a newer cramming"):
         open_source(str(step))
-    result = run_command("pretrain.py", [*TINY, "name=steps", "train.max_steps=4", f"train.resume={step}",
+    result = run_command("pretrain.py", [*TINY, "name=source", "train.max_steps=4", f"train.resume={step}",
                                          f"hydra.run.dir={tmp_path / 'run'}"])
     one_line_error(result, "tokens_per_expert")
 
 
-def test_a_step_with_tensors_of_the_wrong_shapes_is_one_line(step_run, tmp_path):
-    step = copy_of(step_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+def test_a_step_with_tensors_of_the_wrong_shapes_is_one_line(source_run, tmp_path):
+    step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
     saved = torch.load(step / "state.pt", weights_only=True)
     name = next(k for k in saved["model"] if k.endswith("qkv.weight"))
     saved["model"][name] = torch.zeros(3, 5)
     torch.save(saved, step / "state.pt")
-    result = run_command("pretrain.py", [*TINY, "name=steps", "train.max_steps=4", f"train.resume={step}",
+    result = run_command("pretrain.py", [*TINY, "name=source", "train.max_steps=4", f"train.resume={step}",
                                          f"hydra.run.dir={tmp_path / 'run'}"])
     one_line_error(result, "does not fit this run's model", "size mismatch")
     with pytest.raises(UserError, match="do not fit the model its config describes"):

@@ -33,14 +33,6 @@ class WritesMarker:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.fixture(scope="module")
-def source_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("source")
-    pretraining.pretrain(config_for(*TINY, "train.max_steps=3", "name=source", "train.checkpoint_every_minutes=0.0001"),
-                         run_dir)
-    return run_dir
-
-
 def tampered(run_dir, tmp_path, marker):
     """Our checkpoint, its modeling code changed to write `marker` when imported."""
     folder = tmp_path / "tampered"
