@@ -39,6 +39,7 @@ from .train.resume import Checkpointer, find_resume, load_checkpoint
 from .train.signals import StopFlag
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
+from .untrusted import leads_outside
 from .validation.across import run_problem
 
 CPU_BATCH = 1024  # train=cpu-smoke uses 64; a CPU step of 1024 sequences takes tens of seconds even for tiny models
@@ -338,6 +339,9 @@ def carry_metrics(checkpoint: Path, run_dir: Path, step: int) -> None:
     """Resuming from another launch's folder: copy its metrics up to the checkpoint, so one log tells the run."""
     source = Path(checkpoint).parents[1] / "metrics.jsonl"
     target = Path(run_dir) / "metrics.jsonl"
+    if leads_outside(source.parent, source):  # another run's folder is data: a link out of it is not read
+        print(f"not carrying over {source}: a link leading outside its run folder", flush=True)
+        source = target
     if source.resolve() == target.resolve() or not source.is_file():
         source = target  # same folder: drop what was logged after the checkpoint
     if not source.is_file():

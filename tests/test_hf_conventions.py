@@ -246,9 +246,23 @@ def test_a_lora_adapter_reloads_with_the_trained_logits_head_included(tmp_path):
 
 
 def test_fill_mask_refuses_a_causal_checkpoint_by_transformers_own_check(causal_checkpoint, smoke_checkpoint):
-    from transformers import pipeline
+    """In a fresh interpreter, as a user meets it: transformers registers the classes of remote code it loads, so
+    a process that loaded an MLM checkpoint's code before would see another registry (the order the suite's files
+    run in must not decide this test)."""
+    import subprocess
+    import sys
+    import textwrap
 
-    with pytest.raises(ValueError, match="Unrecognized configuration class"):
-        pipeline("fill-mask", model=str(causal_checkpoint), trust_remote_code=True)
-    fill = pipeline("fill-mask", model=str(smoke_checkpoint), trust_remote_code=True)  # an MLM one still fills
-    assert len(fill(f"the {fill.tokenizer.mask_token} is")) == 5
+    script = textwrap.dedent(f"""
+        from transformers import pipeline
+        try:
+            pipeline("fill-mask", model={str(causal_checkpoint)!r}, trust_remote_code=True)
+        except ValueError as err:
+            assert "Unrecognized configuration class" in str(err), err
+        else:
+            raise SystemExit("fill-mask took a causal checkpoint")
+        fill = pipeline("fill-mask", model={str(smoke_checkpoint)!r}, trust_remote_code=True)  # an MLM one fills
+        assert len(fill(f"the {{fill.tokenizer.mask_token}} is")) == 5
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
