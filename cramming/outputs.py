@@ -11,6 +11,7 @@
 import contextlib
 import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -25,6 +26,9 @@ FAULTS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is use
           errno.EPERM: "the folder is not writable", errno.EFBIG: "the file is too large for the file system"}
 
 
+SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
 def fault_reason(err: BaseException, folder: Path) -> str | None:
     """Why a write into `folder` failed when it is the file system's doing (full, read-only, not writable), or None
     for any other failure. torch.save's writer says only "file write failed": the folder is then asked."""
@@ -34,6 +38,8 @@ def fault_reason(err: BaseException, folder: Path) -> str | None:
     for code, reason in FAULTS.items():
         if os.strerror(code) in text:
             return reason
+    if isinstance(err, OSError) and SHORT_WRITE.search(text):  # numpy's tofile: the disk took only part of it
+        return FAULTS[errno.ENOSPC]
     if not isinstance(err, OSError | RuntimeError):
         return None
     existing = next((p for p in [Path(folder), *Path(folder).parents] if p.exists()), None)

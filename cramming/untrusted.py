@@ -15,6 +15,7 @@ A refusal is a UserError: one line naming the file, the size or the place, and w
 
 import json
 import os
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,18 +100,28 @@ def check_tokenizer_files(folder: Path) -> None:
 
 
 def available_memory() -> int | None:
-    """Bytes this machine could still allocate (Linux's MemAvailable), or None where that cannot be read."""
+    """Bytes this process could still allocate: the machine's (Linux's MemAvailable), or less where a limit on the
+    process's address space (ulimit -v) leaves less; None where neither can be read."""
+    free = None
     try:
         with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            free = next((int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:")), None)
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as fh:
+                used = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            used = 0
+        free = max(0, limit - used) if free is None else min(free, max(0, limit - used))
+    return free
 
 
 def check_memory(nbytes: int, what: str, fix: str) -> None:

@@ -347,3 +347,52 @@ def test_a_step_with_tensors_of_the_wrong_shapes_is_one_line(source_run, tmp_pat
     one_line_error(result, "does not fit this run's model", "size mismatch")
     with pytest.raises(UserError, match="do not fit the model its config describes"):
         export_step(step, tmp_path / "out")
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("num_layers", 10**9, "describes 1,000,000,000 layers but its weights hold 1"),
+    ("max_seq_length", 10**10, "the model its config.json describes"),
+    ("num_heads", 0, "describes no model this code builds (ZeroDivisionError"),
+])
+def test_other_sizes_a_config_gives_are_refused_before_anything_is_built(source_run, tmp_path, key, value, says):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config = {**config, key: value}
+    (folder / "config.json").write_text(json.dumps(config))
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), says)
+
+
+def test_a_pickled_weights_file_that_asks_for_code_is_one_line(source_run, tmp_path):
+    from test_loading_safety import WritesMarker
+
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    marker = tmp_path / "ran"
+    (folder / "model.safetensors").unlink()
+    torch.save({"encoder.tokens.weight": WritesMarker(marker)}, folder / "pytorch_model.bin")
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "could not be loaded")
+    assert not marker.exists()
+
+
+def test_a_config_nested_past_pythons_recursion_limit_is_one_line(source_run, tmp_path):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    text = json.dumps(config)
+    (folder / "config.json").write_text(text[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), str(folder))
+
+
+def test_a_prepared_folder_whose_counts_are_not_its_files_is_one_line(tmp_path):
+    from cramming.data.prepare import prepare_data
+
+    folder, meta = prepare_data(config_for(*TINY, f"data.cache_dir={tmp_path / 'cache'}").data)
+    prepared = shutil.copytree(folder, tmp_path / "prepared")
+    (prepared / "meta.json").write_text(json.dumps({**meta, "train_sequences": meta["train_sequences"] * 50}))
+    result = run_command("pretrain.py", [*TINY, "train.max_steps=1", f"data.prepared={prepared}",
+                                         f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(result, "meta.json: says", "train sequences, but train.bin holds")
+
+
+def test_a_short_write_is_a_full_disk(tmp_path):
+    from cramming.outputs import fault_reason
+
+    assert fault_reason(OSError("247118 requested and 96256 written"), tmp_path) == "the disk is full"

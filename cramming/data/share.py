@@ -136,7 +136,14 @@ def read_meta(folder: Path) -> dict:
     if problem:
         raise UserError(f"{folder / 'meta.json'}: {problem}; not a prepared folder cramming wrote")
     for split in ("train", "val"):
-        largest = largest_id(folder / f"{split}.bin", meta["dtype"])
+        path = folder / f"{split}.bin"
+        held = (path.stat().st_size // np.dtype(meta["dtype"]).itemsize // (meta["seq_length"] - 1)
+                if path.is_file() else 0)
+        if held != meta[f"{split}_sequences"]:
+            raise UserError(f"{folder / 'meta.json'}: says {meta[f'{split}_sequences']:,} {split} sequences, but "
+                            f"{path.name} holds {held:,} of {meta['seq_length']} tokens; not a prepared folder "
+                            "cramming wrote (or one changed since)")
+        largest = largest_id(path, meta["dtype"])
         if largest is not None and largest >= meta["vocab_size"]:
             raise UserError(f"{folder / f'{split}.bin'} holds token id {largest:,}, past the vocabulary of "
                             f"{meta['vocab_size']:,} that meta.json gives; the folder's tokens and tokenizer do not "

@@ -76,10 +76,11 @@ def check_checkpoint(checkpoint: Checkpoint | Path):
     check_tokenizer_files(path)
     try:
         model_config = load_config(checkpoint)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=checkpoint.remote_code)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        tokenizer = AutoTokenizer.from_pretrained(path, config=model_config, trust_remote_code=checkpoint.remote_code)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
         raise UserError(f"checkpoint {path} could not be loaded: {(str(err).splitlines() or [''])[0][:300]}") from None
-    check_sizes(path, model_config, tensors, checkpoint.remote_code, "evaluate it on a machine with more memory")
+    check_sizes(path, model_config, tensors, checkpoint.remote_code, "evaluate it on a machine with more memory",
+                copies=4)
     largest = max([*tokenizer.get_vocab().values(), len(tokenizer) - 1])
     if largest >= model_config.vocab_size:
         raise UserError(f"checkpoint {path}: the tokenizer gives token ids up to {largest:,} but the model has only "

@@ -7,6 +7,7 @@ pay for 128 positions; dev passes run under inference_mode, shortest items first
 """
 
 import math
+import pickle
 import random
 import time
 from dataclasses import dataclass
@@ -183,12 +184,19 @@ def auto_model(auto_class, checkpoint: Checkpoint, random_init: bool, dropout: f
         if fit is not None:
             fit(config)
     trust = checkpoint.remote_code
-    if not trust and config.model_type == "crammed":
-        cls = our_class(auto_class)
-        return cls._from_config(config) if random_init else cls.from_pretrained(checkpoint.path, config=config)
-    if random_init:
-        return auto_class.from_config(config, trust_remote_code=trust)
-    return auto_class.from_pretrained(checkpoint.path, config=config, trust_remote_code=trust)
+    try:
+        if not trust and config.model_type == "crammed":
+            cls = our_class(auto_class)
+            return cls._from_config(config) if random_init else cls.from_pretrained(checkpoint.path, config=config)
+        if random_init:
+            return auto_class.from_config(config, trust_remote_code=trust)
+        return auto_class.from_pretrained(checkpoint.path, config=config, trust_remote_code=trust)
+    except (OSError, ValueError, RuntimeError, TypeError, KeyError, pickle.UnpicklingError) as err:
+        # what the checks before could not see (a pickled pytorch_model.bin that asks for code, weights that do
+        # not fit): the checkpoint's, in one line
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise UserError(f"checkpoint {checkpoint.path} could not be loaded as {auto_class.__name__}: "
+                        f"{first[:300]}") from None
 
 
 def build_optimizer(model, recipe, fused: bool = True) -> torch.optim.AdamW:

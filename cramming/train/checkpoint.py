@@ -196,21 +196,35 @@ def check_weights(folder: Path, bounds: Path | None = None) -> TensorTable:
 NEW_HEAD_ROOM = 16 << 20  # parameters a fine-tuning head may add to the weights' (a classifier has far fewer)
 
 
-def check_sizes(path: Path, model_config, tensors: TensorTable, remote_code: bool, fix: str) -> None:
-    """The model config.json describes, built without memory (on the meta device), against the weights: a tensor
-    of another shape, or a model far larger than its weights, means the config does not belong to them (and would
-    have the machine allocate what the config says). The weights must also fit in memory (`fix`: what to do when
-    they do not). `remote_code`: the folder's own model code was allowed to build it."""
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers?|h|blocks?)\.(\d+)\.")  # encoder.layers.3., layer.3., h.3. ...
+
+
+def stored_layers(tensors: TensorTable) -> int | None:
+    """How many layers the weights hold (the largest block index in their names, plus one), or None."""
+    found = [int(m.group(1)) for name in tensors if (m := LAYER_INDEX.search(name))]
+    return max(found) + 1 if found else None
+
+
+def check_sizes(path: Path, model_config, tensors: TensorTable, remote_code: bool, fix: str, copies: int = 1) -> None:
+    """The model config.json describes, built without memory (on the meta device), against the weights: more layers
+    than the weights hold, a tensor of another shape, or a model far larger than its weights, means the config does
+    not belong to them (and would have the machine allocate what the config says). The weights, and the model
+    `copies` times over (4 to fine-tune: weights, gradients, Adam's two moments), must fit in memory (`fix`: what
+    to do when they do not). `remote_code`: the folder's own model code was allowed to build it."""
     stored = sum(nbytes for _, nbytes in tensors.values()) or sum(
         p.stat().st_size for p in path.glob("pytorch_model*.bin"))
     check_memory(stored, f"checkpoint {path}: its weights ({size_text(stored)} in its weight files)", fix)
+    layers, held_layers = getattr(model_config, "num_hidden_layers", None), stored_layers(tensors)
+    if isinstance(layers, int) and held_layers is not None and layers > held_layers:
+        raise UserError(f"checkpoint {path}: config.json describes {layers:,} layers but its weights hold "
+                        f"{held_layers:,}; the config does not belong to these weights")
     try:
         with torch.device("meta"):
             model = (CrammedModel(model_config) if model_config.model_type == "crammed" and not remote_code else
                      AutoModel.from_config(model_config, trust_remote_code=remote_code))
-    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as err:
-        raise UserError(f"checkpoint {path}: config.json describes no model this transformers builds "
-                        f"({(str(err).splitlines() or [''])[0][:200]})") from None
+    except Exception as err:  # noqa: BLE001  a model's constructor may fail in any type on values it never checks
+        raise UserError(f"checkpoint {path}: config.json describes no model this code builds "
+                        f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})") from None
     prefix = getattr(model, "base_model_prefix", "")
     for name, param in model.named_parameters():
         found = tensors.get(name) or tensors.get(f"{prefix}.{name}")
@@ -223,3 +237,8 @@ def check_sizes(path: Path, model_config, tensors: TensorTable, remote_code: boo
     if tensors and wanted > 1.25 * held + NEW_HEAD_ROOM:
         raise UserError(f"checkpoint {path}: config.json describes a model of {wanted:,} parameters but its weights "
                         f"hold {held:,}; the config does not belong to these weights")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    check_memory(copies * weights + buffers, f"checkpoint {path}: the model its config.json describes "
+                 f"({size_text(weights)} of weights, {size_text(buffers)} of tables{', x4 to fine-tune' if copies == 4 else ''})",
+                 fix)
