@@ -109,7 +109,7 @@ def model_folder(key: str, value: str, allow_code: bool = False, allow_key: str 
 
 def refuse_foreign_code(key: str, value, folder: Path, allow_key: str) -> None:
     """One line, before anything is imported, when loading `folder` would run code that is not ours."""
-    name = foreign_code(folder)
+    name = foreign_code(folder, bounds(folder))
     if name is None:
         return
     where = folder / name
@@ -122,7 +122,7 @@ def _from_hub(key: str, value: str, allow_code: bool, allow_key: str) -> Path:
     """The snapshot folder of a hub model: config, weights and tokenizer, and its code when that is allowed."""
     reason = offline_reason()
     folder = _download(key, value, MODEL_FILES, reason)
-    modules = named_modules(folder)
+    modules = named_modules(folder, bounds(folder))
     if not modules:
         return folder
     if allow_code:

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from .errors import UserError
-from .untrusted import JSON_LIMIT, check_size, inside, read_json
+from .untrusted import JSON_LIMIT, check_size, leads_outside, read_json
 
 PACKAGE = Path(__file__).resolve().parent
 SHIPPED = PACKAGE / "model_code_shipped.json"
@@ -68,17 +68,21 @@ CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json",
                 "video_preprocessor_config.json", "feature_extractor_config.json", "image_processor_config.json")
 
 
-def config_files(folder: Path) -> list[Path]:
+def config_files(folder: Path, bounds: Path | None = None) -> list[Path]:
     """The JSON files transformers may read an auto_map from: those of CONFIG_FILES the folder holds, its versioned
     configs (config.<version>.json), and whatever config.json's `configuration_files` names (which must lie inside
-    the folder)."""
+    `bounds`: the folder, or a hub snapshot's repository, whose files are links to its blobs)."""
     folder = Path(folder)
+    bounds = Path(bounds or folder)
     found = sorted({*(folder / name for name in CONFIG_FILES), *folder.glob("config.*.json")})
     found = [p for p in found if p.is_file()]
     for path in list(found):
         named = _json(path).get("configuration_files")
         for name in named if isinstance(named, list) else []:
-            extra = inside(folder, str(name), f"{path} (configuration_files)")
+            extra = folder / str(name)
+            if Path(str(name)).is_absolute() or leads_outside(bounds, extra):
+                raise UserError(f"{path} (configuration_files): {str(name)!r} leads outside {folder}; a folder's "
+                                "files must lie inside it, so it was not read")
             if extra.is_file() and extra not in found:
                 found.append(extra)
     return found
@@ -106,18 +110,19 @@ def _references(auto_map) -> list[str]:
     return refs
 
 
-def named_modules(folder: Path) -> list[str]:
+def named_modules(folder: Path, bounds: Path | None = None) -> list[str]:
     """The modules the folder's auto_maps name, as written ("modeling_crammed", or "other/repo--module" for code
     that transformers fetches from another repository)."""
     modules = set()
-    for path in config_files(folder):
+    for path in config_files(folder, bounds):
         modules |= {ref.rsplit(".", 1)[0] for ref in _references(_json(path).get("auto_map"))}
     return sorted(modules)
 
 
-def closure(folder: Path, modules: list[str]) -> tuple[list[str], str | None]:
+def closure(folder: Path, modules: list[str], bounds: Path | None = None) -> tuple[list[str], str | None]:
     """(the files the modules are and import relatively, as transformers follows them; the first one named that
-    the folder does not hold, or None). Read as text from the folder, never imported."""
+    the folder does not hold, or leads outside `bounds`, or None). Read as text from the folder, never imported."""
+    bounds = Path(bounds or folder)
     seen, missing, todo = [], None, [f"{m}.py" for m in modules]
     while todo:
         name = todo.pop(0)
@@ -125,7 +130,7 @@ def closure(folder: Path, modules: list[str]) -> tuple[list[str], str | None]:
             continue
         seen.append(name)
         path = Path(folder) / name
-        if "/" in name or "--" in name or not path.is_file() or path.is_symlink():
+        if "/" in name or "--" in name or not path.is_file() or leads_outside(bounds, path):
             missing = missing or name
             continue
         check_size(path, CODE_LIMIT, "model code file")
@@ -134,13 +139,13 @@ def closure(folder: Path, modules: list[str]) -> tuple[list[str], str | None]:
     return seen, missing
 
 
-def foreign_code(folder: Path) -> str | None:
+def foreign_code(folder: Path, bounds: Path | None = None) -> str | None:
     """The first file the folder would run that is not ours (or a module it names but does not hold), or None when
-    it runs none or only ours."""
-    modules = named_modules(folder)
+    it runs none or only ours. `bounds`: where its files may lie (a hub snapshot's repository; else the folder)."""
+    modules = named_modules(folder, bounds)
     if not modules:
         return None
-    files, missing = closure(folder, modules)
+    files, missing = closure(folder, modules, bounds)
     for name in files:
         if name == missing:
             return name

@@ -23,7 +23,7 @@ import yaml
 from .errors import UserError, exit_on_user_error
 from .outputs import claim_folder
 from .renames import RENAMED, moved
-from .report_plots import REPORT_FILES, write_report
+from .report_plots import REPORT_FILES, REPORT_TITLE, write_report
 from .untrusted import JSON_LIMIT, check_size, leads_outside, text_lines
 from .untrusted import read_json as read_untrusted_json
 
@@ -244,6 +244,16 @@ def attach_glue(runs: list[Run], roots: list[Path]) -> None:
             run.averaged_glue = max(scores, key=lambda g: g[2])[0]
 
 
+def our_report_file(entry: Path) -> bool:
+    """An entry of a report folder that a report of ours wrote (its report.md opens with our title)."""
+    if entry.name not in REPORT_FILES or not entry.is_file():
+        return False
+    if entry.name != "report.md":
+        return (entry.parent / "report.md").is_file() and our_report_file(entry.parent / "report.md")
+    with open(entry, "rb") as fh:
+        return fh.read(len(REPORT_TITLE)) == REPORT_TITLE
+
+
 def natural_key(text: str):
     """So that job 10_ sorts after 9_."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
@@ -306,7 +316,7 @@ def main(argv=None) -> Path:
                         f"{', '.join(keys) or 'none'}")
     first = Path(args.paths[0])
     out = Path(args.out) if args.out else (first.parent if first.is_file() else first) / "report"
-    claim_folder(out, lambda entry: entry.name in REPORT_FILES and entry.is_file(), "a report")
+    claim_folder(out, our_report_file, "a report")
     path, table = write_report(runs, keys, out, args.group, args.smooth, args.paths)
     print(table)
     for line in dict.fromkeys(SKIPPED):

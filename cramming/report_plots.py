@@ -259,6 +259,7 @@ def scaling_section(runs, labels: list[str], out: Path) -> list[str]:
 
 # Everything write_report writes into its folder: a folder holding anything else is not a report's to replace.
 REPORT_FILES = ("report.md", "runs.csv", "loss_vs_tokens.png", "loss_vs_time.png", "scaling.png")
+REPORT_TITLE = b"# Experiment report\n"  # report.md's first line: how a folder of an earlier report is told
 
 
 def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: float,
@@ -272,7 +273,7 @@ def write_report(runs, keys: list[str], out: Path, group: str | None, smooth: fl
     labels = labels_for(runs, keys, group)
     groups = [show(r.config.get(group)) for r in runs] if group else None
     finished = sum(r.finished for r in runs)
-    md = ["# Experiment report", "",
+    md = [REPORT_TITLE.decode().strip(), "",
           f"{len(runs)} run(s), {finished} finished, {len(runs) - finished} incomplete, from "
           + ", ".join(f"`{s}`" for s in sources) + ".", "", "## Runs", "", table, ""]
     md.append(f"Config keys that differ between the runs: {', '.join(f'`{k}`' for k in keys)}; every other key is "

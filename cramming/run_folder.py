@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from .errors import EXIT_USER_ERROR
 from .outputs import remove
+from .untrusted import leads_outside, link_outside
 
 STAMP = "%Y-%m-%d_%H-%M-%S"
 MADE: set[Path] = set()  # folders this process made (resolved paths): the only folders a refusal may remove
@@ -74,6 +75,9 @@ def new_run_folder(base: str, name) -> str:
     """`<base>/<name>/<date>_<time>[-n]`, made now and new: the resolver of hydra.run.dir and hydra.sweep.dir."""
     if problem := name_problem(name):
         stop(problem)
+    if leads_outside(base, Path(base) / str(name)):  # a link under outputs/ must not take the run elsewhere
+        stop(f"name={name!r}: {Path(base) / str(name)} leads outside {base}/ through a link (to "
+             f"{(Path(base) / str(name)).resolve()}); give another name, or remove the link")
     stamp = datetime.now().strftime(STAMP)
     for number in range(1, 10_000):
         path = Path(base) / str(name) / (stamp if number == 1 else f"{stamp}-{number}")
@@ -87,8 +91,13 @@ if not OmegaConf.has_resolver("cramming_run_folder"):
 
 
 def is_run_folder(folder: Path) -> bool:
-    """A folder a cramming command ran in before (Hydra's .hydra/ bookkeeping, or a sweep's manifest)."""
-    return (folder / ".hydra").is_dir() or (folder / "manifest.json").is_file() or (folder / "multirun.yaml").is_file()
+    """A folder a cramming command ran in before: Hydra's bookkeeping of a cramming job (.hydra/hydra.yaml, or a
+    sweep's multirun.yaml, naming cramming's own callbacks and help), or a sweep's manifest."""
+    for record in (folder / ".hydra" / "hydra.yaml", folder / "multirun.yaml"):
+        if record.is_file() and not record.is_symlink() and record.stat().st_size < 1 << 20 \
+                and "cramming" in record.read_text(encoding="utf-8", errors="replace"):
+            return True
+    return (folder / "manifest.json").is_file() and not (folder / "manifest.json").is_symlink()
 
 
 def claim(folder: Path, key: str) -> None:
@@ -106,6 +115,9 @@ def claim(folder: Path, key: str) -> None:
     if entries and not is_run_folder(folder):
         stop(f"{key}={folder} already holds {entries[0]!r} and is not a run folder of cramming's; nothing was "
              "written: give a new or empty folder (a run continues in place only in its own folder)")
+    if (link := link_outside(folder)) is not None:  # Hydra and the run would write through it
+        stop(f"{key}={folder}: {link} is a link leading outside the folder; nothing was written: a run folder's "
+             "files must lie inside it (remove the link)")
     BEFORE[folder.resolve()] = set(entries)
 
 

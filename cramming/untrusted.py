@@ -203,6 +203,7 @@ def plain_data(value, where: str) -> None:
     is data, and resolving it could read the environment into a message or a run. The value is not echoed."""
     if isinstance(value, dict):
         for key, item in value.items():
+            plain_data(key, f"{where} (a key)")
             plain_data(item, f"{where}.{key}")
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):

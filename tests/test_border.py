@@ -325,3 +325,81 @@ def test_a_read_only_results_table_keeps_the_scores_in_results_json(source_run, 
         assert result.returncode == 0, result.stderr[-2000:]
         assert f"results table: {disk / 'r.csv'} not updated (the file system is read-only)" in result.stdout
         assert json.loads((tmp_path / "eval" / "results.json").read_text())["complete"]
+
+
+def test_a_run_folder_whose_bookkeeping_links_out_is_refused(source_run, tmp_path):
+    """A run folder of ours to continue in, whose .hydra/overrides.yaml is a link to a file of the user's: Hydra
+    would write through it."""
+    folder = tmp_path / "run"
+    shutil.copytree(source_run / ".hydra", folder / ".hydra") if (source_run / ".hydra").is_dir() else None
+    (folder / ".hydra").mkdir(parents=True, exist_ok=True)
+    (folder / ".hydra" / "hydra.yaml").write_text("hydra:\n  help:\n    template: cramming\n")
+    victim = tmp_path / "victim.yaml"
+    victim.write_text("mine")
+    (folder / ".hydra" / "overrides.yaml").unlink(missing_ok=True)
+    (folder / ".hydra" / "overrides.yaml").symlink_to(victim)
+    one_line_error(run_command("eval.py", ["checkpoint=/nowhere", f"hydra.run.dir={folder}"]),
+                   "overrides.yaml is a link leading outside")
+    assert victim.read_text() == "mine"
+
+
+def test_a_link_under_outputs_cannot_take_a_run_elsewhere(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "lnk").symlink_to(elsewhere)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        run_folder.new_run_folder("outputs", "lnk")
+    assert os.listdir(elsewhere) == []
+    (tmp_path / "real").mkdir()  # outputs/ itself a link (to scratch space, say) is the user's choice: allowed
+    (tmp_path / "outputs").rename(tmp_path / "old-outputs")
+    (tmp_path / "outputs").symlink_to(tmp_path / "real")
+    assert Path(run_folder.new_run_folder("outputs", "x")).resolve().is_relative_to(tmp_path / "real")
+
+
+def test_files_named_like_ours_are_not_taken_for_ours(source_run, tmp_path):
+    """A model folder needs a run's train_summary.json, a report folder a report.md of ours, a results table our
+    header: a user's files of those names are left as they are."""
+    from cramming import report
+
+    users = tmp_path / "model"
+    users.mkdir()
+    (users / "config.json").write_text('{"mine": 1}')
+    (users / "train_summary.json").write_text('{"mine": 2}')
+    with pytest.raises(UserError, match="not a model folder cramming wrote"):
+        export_step(source_run / "checkpoints" / "step-00000003", users)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "report.md").write_text("# My notes\n")
+    (notes / "runs.csv").write_text("a,b\n")
+    before = snapshot(notes)
+    with pytest.raises(SystemExit):
+        report.main([str(source_run), "--out", str(notes)])
+    assert snapshot(notes) == before
+
+
+def test_a_results_table_that_is_not_ours_is_left_as_it_is(source_run, tmp_path):
+    from test_loading_safety import custom_task
+
+    table = tmp_path / "notes.md"
+    table.write_text("my precious notes\nline2\n")
+    result = run_command("eval.py", [f"checkpoint={source_run / 'checkpoint'}", *custom_task(tmp_path),
+                                     f"hydra.run.dir={tmp_path / 'eval'}", f"eval.results_table={table}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "is not a results table of cramming's" in result.stdout
+    assert table.read_text() == "my precious notes\nline2\n"
+
+
+def test_a_leftover_temporary_step_that_is_a_link_is_removed_not_followed(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "keep.txt").write_text("keep")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step-00000001.tmp").symlink_to(users)
+    (tmp_path / "checkpoints" / "step-00000007.tmp").symlink_to(users)
+    model = tiny_model()
+    Checkpointer(tmp_path, None, 2, {}).save(model, torch.optim.AdamW(model.parameters()),
+                                             torch.amp.GradScaler("cpu", enabled=False), TrainState(step=1))
+    assert os.listdir(users) == ["keep.txt"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000001"]

@@ -369,7 +369,8 @@ def test_a_pickled_weights_file_that_asks_for_code_is_one_line(source_run, tmp_p
     marker = tmp_path / "ran"
     (folder / "model.safetensors").unlink()
     torch.save({"encoder.tokens.weight": WritesMarker(marker)}, folder / "pytorch_model.bin")
-    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "could not be loaded")
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "pytorch_model.bin: holds more than tensors",
+                   "posix.system")
     assert not marker.exists()
 
 
@@ -396,3 +397,89 @@ def test_a_short_write_is_a_full_disk(tmp_path):
     from cramming.outputs import fault_reason
 
     assert fault_reason(OSError("247118 requested and 96256 written"), tmp_path) == "the disk is full"
+
+
+def test_pickled_weights_are_checked_as_safetensors_are(source_run, tmp_path):
+    """A pytorch_model.bin read memory-mapped: a zero-stride view refused, its shapes held against the config."""
+    from safetensors.torch import load_file
+
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    name = next(k for k in weights if k.endswith("tokens.weight"))
+    torch.save({**weights, name: torch.zeros(1).expand(10**6, weights[name].shape[1])}, folder / "pytorch_model.bin")
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "is a view of")
+    torch.save({**weights, name: torch.zeros(7, weights[name].shape[1])}, folder / "pytorch_model.bin")
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), "config.json does not match its weights")
+
+
+@pytest.mark.parametrize("damage", ["vocabulary", "odd-bytes", "periods"])
+def test_a_prepared_folder_that_is_not_what_prepare_writes_is_one_line(tmp_path, damage):
+    from cramming.data.prepare import prepare_data
+
+    folder, meta = prepare_data(config_for(*TINY, f"data.cache_dir={tmp_path / 'cache'}").data)
+    prepared = shutil.copytree(folder, tmp_path / "prepared")
+    if damage == "vocabulary":
+        (prepared / "meta.json").write_text(json.dumps({**meta, "vocab_size": 10**9}))
+        says = "its tokenizer has"
+    elif damage == "odd-bytes":
+        with open(prepared / "train.bin", "ab") as fh:
+            fh.write(b"\x01")
+        says = "not a whole number of"
+    else:
+        np.save(prepared / "train_periods.npy", np.zeros(3, dtype=np.int32))
+        says = "not one count per training sequence"
+    result = run_command("pretrain.py", [*TINY, "train.max_steps=1", f"data.prepared={prepared}",
+                                         "data.ordering=sentence-length", f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(result, says)
+
+
+def test_a_step_whose_tokenizer_names_code_is_refused(source_run, tmp_path):
+    step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    config = json.loads((step / "tokenizer" / "tokenizer_config.json").read_text())
+    (step / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({**config, "auto_map": ["evil.Tok", None]}))
+    with pytest.raises(UserError, match=r"tokenizer: its config names code \(evil.py\)"):
+        export_step(step, tmp_path / "out")
+    with pytest.raises(UserError, match="names code"):
+        open_source(str(step))
+
+
+@pytest.mark.parametrize("change", ["unknown-option", "unknown-section", "interpolated-name", "interpolated-key"])
+def test_what_a_step_says_beyond_this_version_is_one_line(source_run, tmp_path, change):
+    step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+    saved = torch.load(step / "state.pt", weights_only=True)
+    config = json.loads((step / "config.json").read_text())
+    if change == "unknown-option":
+        config["data"]["future_option"] = 1
+    elif change == "unknown-section":
+        saved["experts"] = {}
+    elif change == "interpolated-name":
+        saved["config"]["name"] = config["name"] = "${oc.env:HOME}"
+    else:
+        saved["config"]["data"]["${oc.env:HOME}"] = config["data"]["${oc.env:HOME}"] = 1
+    torch.save(saved, step / "state.pt")
+    (step / "config.json").write_text(json.dumps(config))
+    result = run_command("pretrain.py", [*TINY, "name=source", "train.max_steps=4", f"train.resume={step}",
+                                         f"hydra.run.dir={tmp_path / 'run'}"])
+    says = {"unknown-option": "data.future_option", "unknown-section": "experts"}.get(change, "interpolation")
+    one_line_error(result, says)
+    if change != "unknown-option":
+        with pytest.raises(UserError, match=says):
+            export_step(step, tmp_path / "out")
+
+
+def test_a_hub_snapshot_of_our_checkpoint_is_ours(source_run, tmp_path, monkeypatch):
+    """In the hub cache every file of a snapshot is a link to a blob of its repository: inside, and ours."""
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(hub.huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    repo = cache / "models--someone--tiny"
+    snapshot_dir = repo / "snapshots" / "abc"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot_dir.mkdir(parents=True)
+    for path in (source_run / "checkpoint").iterdir():
+        blob = repo / "blobs" / model_code.blob_id(path.read_bytes())
+        shutil.copy(path, blob)
+        (snapshot_dir / path.name).symlink_to(os.path.relpath(blob, snapshot_dir))
+    assert model_code.foreign_code(snapshot_dir, hub.bounds(snapshot_dir)) is None
+    hub.refuse_foreign_code("checkpoint", "someone/tiny", snapshot_dir, "eval.trust_remote_code")
+    check_checkpoint(snapshot_dir)

@@ -50,6 +50,10 @@ def prepare_data(cfg) -> tuple[Path, dict]:
     data.prepared, that folder (an exported dataset imported into the cache first, share.py)."""
     if cfg.prepared:
         folder, meta = use_prepared(cfg)
+        size = len(load_tokenizer(folder))  # someone else's folder: its tokenizer must be its vocabulary
+        if size != meta["vocab_size"]:
+            raise UserError(f"data.prepared={cfg.prepared}: meta.json gives a vocabulary of {meta['vocab_size']:,}, "
+                            f"its tokenizer has {size:,} tokens; not a prepared folder cramming wrote")
     else:
         cache_root = Path(os.path.expanduser(cfg.cache_dir)).resolve()
         source = open_source(cfg, cache_root)

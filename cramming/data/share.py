@@ -135,10 +135,14 @@ def read_meta(folder: Path) -> dict:
     problem = meta_problem(meta)
     if problem:
         raise UserError(f"{folder / 'meta.json'}: {problem}; not a prepared folder cramming wrote")
+    itemsize = np.dtype(meta["dtype"]).itemsize
     for split in ("train", "val"):
         path = folder / f"{split}.bin"
-        held = (path.stat().st_size // np.dtype(meta["dtype"]).itemsize // (meta["seq_length"] - 1)
-                if path.is_file() else 0)
+        size = path.stat().st_size if path.is_file() else 0
+        if size % itemsize:
+            raise UserError(f"{path}: {size:,} bytes, not a whole number of {meta['dtype']} tokens; the file was cut "
+                            "short or is not a token stream")
+        held = size // itemsize // (meta["seq_length"] - 1)
         if held != meta[f"{split}_sequences"]:
             raise UserError(f"{folder / 'meta.json'}: says {meta[f'{split}_sequences']:,} {split} sequences, but "
                             f"{path.name} holds {held:,} of {meta['seq_length']} tokens; not a prepared folder "
@@ -148,6 +152,16 @@ def read_meta(folder: Path) -> dict:
             raise UserError(f"{folder / f'{split}.bin'} holds token id {largest:,}, past the vocabulary of "
                             f"{meta['vocab_size']:,} that meta.json gives; the folder's tokens and tokenizer do not "
                             "belong together")
+    periods = folder / "train_periods.npy"
+    if periods.is_file():
+        try:
+            counts = np.load(periods, allow_pickle=False, mmap_mode="r")
+        except (ValueError, OSError) as err:
+            raise UserError(f"{periods}: not a NumPy array of counts ({err}); not a prepared folder cramming wrote") \
+                from None
+        if counts.shape != (meta["train_sequences"],) or counts.dtype.kind not in "iu":
+            raise UserError(f"{periods}: holds {counts.dtype} of shape {counts.shape}, not one count per training "
+                            f"sequence ({meta['train_sequences']:,}); not a prepared folder cramming wrote")
     return meta
 
 

@@ -28,7 +28,8 @@ def find_checkpoint(config: EvalRunConfig) -> Checkpoint:
     unless allowed; only then is it the code that loads (Checkpoint.remote_code)."""
     folder = newest_run_checkpoint(config) if not config.checkpoint else \
         model_folder("checkpoint", config.checkpoint, config.eval.trust_remote_code, "eval.trust_remote_code")
-    return Checkpoint(folder, remote_code=config.eval.trust_remote_code and foreign_code(folder) is not None)
+    return Checkpoint(folder, remote_code=config.eval.trust_remote_code and
+                      foreign_code(folder, bounds(folder)) is not None)
 
 
 def newest_run_checkpoint(config: EvalRunConfig) -> Path:

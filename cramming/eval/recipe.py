@@ -213,8 +213,9 @@ def write_results(config, checkpoint, results: dict, table_rows: dict, predictio
                 "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
                 "comparable": results["comparable"], "not_comparable_because": describe(why),
                 "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()}, "results": str(path.resolve())})
-    except WriteFault as err:  # the scores are whole in results.json: the table is a convenience
-        table_line = f"results table: {config.eval.results_table} not updated ({err.reason}); the scores are in " \
+    except UserError as err:  # the scores are whole in results.json: the table is a convenience
+        reason = err.reason if isinstance(err, WriteFault) else str(err)
+        table_line = f"results table: {config.eval.results_table} not updated ({reason}); the scores are in " \
                      "results.json"
     print()
     print(markdown_table(table_rows, benchmark.columns))

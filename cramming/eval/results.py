@@ -51,6 +51,9 @@ def glue_summary(scores: dict[str, float], include_wnli: bool) -> dict:
     return glue_average({k: v for k, v in scores.items() if k in glue_keys}, include_wnli=include_wnli)
 
 
+TABLE_COLUMNS = ["finished_at", "checkpoint", "model"]  # a results table's first columns: how one of ours is told
+
+
 def append_csv(path: Path, row: dict) -> None:
     """One row per evaluation; columns grow as new tasks appear (the file is rewritten then), under a lock, so the
     jobs of a sweep that share the table never lose each other's rows."""
@@ -58,9 +61,13 @@ def append_csv(path: Path, row: dict) -> None:
         rows = []
         if path.exists():
             try:
-                rows = list(csv.DictReader(text_lines(path)))
+                reader = csv.DictReader(text_lines(path))
+                rows = list(reader)
             except csv.Error as err:
                 raise UserError(f"{path}: not a results table ({err}); give eval.results_table a new file") from None
+            if path.stat().st_size and list(reader.fieldnames or [])[:3] != TABLE_COLUMNS:
+                raise UserError(f"{path} is not a results table of cramming's (its header is not "
+                                f"{','.join(TABLE_COLUMNS)},...); it was left as it is")
         rows.append({k: ("" if v is None else v) for k, v in row.items()})
         fields = list(dict.fromkeys(k for r in rows for k in r))
         with atomic_open(path, "w", newline="") as fh:

@@ -9,6 +9,7 @@ refused (cramming/outputs.py).
 import json
 import math
 import os
+import pickle
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..model import CrammedModel, auto_map_of
 from ..model_code import shipped_names
 from ..outputs import claim_folder, remove, replace_folder, temp_folder, writing
 from ..untrusted import check_memory, leads_outside, read_json, size_text
+from .state import strided_view
 
 SUMMARY = "train_summary.json"
 # The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
@@ -51,11 +53,21 @@ def saved_by_us(entry: Path) -> bool:
 
 def claim_model_folder(path: Path) -> None:
     """Refuse to save into `path` when it exists and holds anything a save of ours did not write (a folder of
-    ours has train_summary.json, written last)."""
+    ours has the train_summary.json a save writes last: a run's summary with its config)."""
     claim_folder(path, saved_by_us, "a model folder")
-    if Path(path).is_dir() and any(Path(path).iterdir()) and not (Path(path) / SUMMARY).is_file():
-        raise UserError(f"{path} already holds files and is not a model folder cramming wrote (no {SUMMARY}); it was "
-                        "left as it is: give a new (or empty) folder to write a model folder into")
+    if Path(path).is_dir() and any(Path(path).iterdir()) and not is_our_summary(Path(path) / SUMMARY):
+        raise UserError(f"{path} already holds files and is not a model folder cramming wrote (no {SUMMARY} of a "
+                        "run); it was left as it is: give a new (or empty) folder to write a model folder into")
+
+
+def is_our_summary(path: Path) -> bool:
+    """A train_summary.json as a save of ours writes it: a run's name, steps and config with its arch."""
+    try:
+        summary = read_json(path, what=SUMMARY) if path.is_file() and not path.is_symlink() else None
+    except UserError:
+        return False
+    return (isinstance(summary, dict) and {"name", "steps", "config"} <= set(summary)
+            and isinstance(summary["config"], dict) and isinstance(summary["config"].get("arch"), dict))
 
 
 def save_checkpoint(model, tokenizer, summary: dict, run_dir: Path, name: str = "checkpoint") -> Path:
@@ -179,8 +191,10 @@ def check_weights(folder: Path, bounds: Path | None = None) -> TensorTable:
         except (TypeError, KeyError, AttributeError):
             raise UserError(f"{index}: not a safetensors index (no weight_map)") from None
         files = [folder / str(name) for name in names]  # an absolute name replaces the folder: refused below
+    elif (folder / "pytorch_model.bin").is_file():
+        return pickled_table(folder / "pytorch_model.bin")
     else:
-        return {}  # pytorch_model.bin: a pickle, loaded by torch as it is
+        return {}
     tables = {}
     for path in files:
         if leads_outside(bounds, path):
@@ -191,6 +205,30 @@ def check_weights(folder: Path, bounds: Path | None = None) -> TensorTable:
             raise UserError(f"{path}: missing (named in {index.name}); the checkpoint is incomplete")
         tables |= check_safetensors(path)
     return tables
+
+
+def pickled_table(path: Path) -> TensorTable:
+    """A pytorch_model.bin's tensors' shapes and sizes, read as transformers would (weights_only: tensors and plain
+    data) but memory-mapped, so nothing of the data is read; a tensor reaching past the bytes stored (a view that
+    would grow on the first copy) is refused. A file in torch's legacy format cannot be mapped: {} (its size is
+    then all that is checked)."""
+    try:
+        asks = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        weights = None if asks else torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        asks = ["something weights_only refuses"]
+    except (RuntimeError, EOFError, ValueError, OSError):
+        return {}
+    if asks:
+        raise UserError(f"{path}: holds more than tensors and plain data (it asks for {', '.join(asks[:3])}); it was "
+                        "not loaded, as unpickling it could run code")
+    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise UserError(f"{path}: not a table of tensors; not a weights file")
+    if (found := strided_view(weights, path.name)) is not None:
+        where, numel, stored = found
+        raise UserError(f"{path}: {where} is a view of {numel:,} elements over {stored:,} stored bytes; not a "
+                        "weights file a save writes")
+    return {name: (tuple(t.shape), t.numel() * t.element_size()) for name, t in weights.items()}
 
 
 NEW_HEAD_ROOM = 16 << 20  # parameters a fine-tuning head may add to the weights' (a classifier has far fewer)

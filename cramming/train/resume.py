@@ -11,7 +11,6 @@ mid-write) is ignored and cleaned up.
 import json
 import os
 import re
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +19,8 @@ import torch
 
 from ..engines import ENGINES, Engine
 from ..errors import UserError
-from ..outputs import writing
+from ..model_code import named_modules
+from ..outputs import remove, writing
 from ..renames import moved
 from ..untrusted import TOKENIZER_LIMIT, check_size, leads_outside, link_outside, plain_data, read_json
 from .state import TrainState, capture_rng, load_saved, refuse_unsafe, restore_rng, rng_problem
@@ -87,7 +87,7 @@ class Checkpointer:
 
     def _write(self, model, optimizer, scaler, state: TrainState, tmp: Path, final: Path) -> None:
         if self.dist.main:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove(tmp)  # a killed write's leftover (a link is removed, never what it points to)
             tmp.mkdir(parents=True)
         self.dist.barrier()
         saved = {"scaler": scaler.state_dict(), "state": state.to_dict(), "config": self.config}
@@ -105,12 +105,12 @@ class Checkpointer:
             (tmp / MARKER).write_text(json.dumps({"step": state.step, "world": self.dist.world,
                                                   "written_at": time.time()}))
             _fsync_tree(tmp)
-            shutil.rmtree(final, ignore_errors=True)
+            remove(final)
             os.rename(tmp, final)
             for old in complete_checkpoints(self.folder.parent)[:-self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove(old)
             for stale in self.folder.glob("*.tmp"):  # left by a run killed while writing
-                shutil.rmtree(stale, ignore_errors=True)
+                remove(stale)
         self.dist.barrier()
 
     def latest(self) -> Path | None:
@@ -156,7 +156,8 @@ def load_weights(path: Path, model, optimizer, scaler, engine: Engine | None = N
     moving forward)."""
     engine = engine or Engine()
     saved = load_saved(Path(path) / "state.pt")
-    TrainState.from_saved(saved.get("state"), Path(path) / "state.pt")  # a newer cramming's state: one line first
+    check_saved_sections(saved, Path(path) / "state.pt")  # a newer cramming's sections and state: one line first
+    TrainState.from_saved(saved.get("state"), Path(path) / "state.pt")
     check_written_alike(path, engine)
     try:
         engine.load_state(model, optimizer, path, saved)
@@ -202,23 +203,57 @@ def read_step(step: Path) -> tuple[dict, dict]:
                         "folder's files must lie inside it, so it was not read")
     for path in (step / "tokenizer").iterdir():
         check_size(path, TOKENIZER_LIMIT, "tokenizer file")
+    if names := named_modules(step / "tokenizer"):  # its copy would carry the code into what is made from it
+        raise UserError(f"{step / 'tokenizer'}: its config names code ({names[0]}.py), which a step folder "
+                        "cramming wrote never does; it was not read")
     saved = load_saved(step / "state.pt")
     if "model" not in saved:
         raise UserError(f"{step} holds its weights in an engine's shards (FSDP2, DeepSpeed); resume the run "
                         "with one process (train.resume) and export a step it writes")
+    check_saved_sections(saved, step / "state.pt")
     TrainState.from_saved(saved.get("state"), step / "state.pt")
     if not isinstance(saved.get("config"), dict):
         raise UserError(f"{step / 'state.pt'} holds no run config; not a step folder cramming wrote")
+    plain_data(saved["config"], f"{step / 'state.pt'} config")
     return saved, moved(saved["config"])
 
 
-def saved_config(step: Path) -> dict:
-    """A step folder's config.json (the run's config, as saved): plain data, with keys moved since moved."""
+# What a Checkpointer writes into state.pt (an engine with files of its own leaves out "model" and "optimizer").
+SECTIONS = {"model", "optimizer", "scaler", "state", "config", "averaging"}
+
+
+def check_saved_sections(saved: dict, path: Path) -> None:
+    """A state.pt holds the sections a Checkpointer writes and no others (a newer cramming's would be ignored)."""
+    unknown = sorted(str(k) for k in set(saved) - SECTIONS)
+    if unknown:
+        raise UserError(f"{path}: holds sections this cramming does not know ({', '.join(unknown[:3])}); a newer "
+                        "cramming wrote it: use that version")
+
+
+def saved_config(step: Path, current: dict | None = None) -> dict:
+    """A step folder's config.json (the run's config, as saved): plain data, with keys moved since moved; with
+    `current` (this run's config as plain data), an option it does not have is one line: a newer cramming wrote it,
+    and this one could not honour it."""
     saved = read_json(step / "config.json", what="step folder config")
     if not isinstance(saved, dict):
         raise UserError(f"{step / 'config.json'}: a run config is a JSON object, this holds a {type(saved).__name__}")
     plain_data(saved, str(step / "config.json"))
-    return moved(saved)  # written before options moved too
+    saved = moved(saved)  # written before options moved too
+    if current is not None and (unknown := unknown_keys(saved, current)):
+        raise UserError(f"{step / 'config.json'}: has options this cramming does not know ({', '.join(unknown[:3])}); "
+                        "a newer cramming wrote it: resume it with that version")
+    return saved
+
+
+def unknown_keys(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """Dotted keys of `saved` that the schema (`current`, a whole config) has not; free-form tables are skipped."""
+    found = []
+    for key, value in saved.items():
+        if key not in current:
+            found.append(f"{prefix}{key}")
+        elif isinstance(value, dict) and isinstance(current[key], dict) and current[key]:
+            found += unknown_keys(value, current[key], f"{prefix}{key}.")
+    return found
 
 
 def resume_folder(value: str, config=None) -> Path:
@@ -239,7 +274,7 @@ def resume_folder(value: str, config=None) -> Path:
         refuse_unsafe(saved)
     if config is not None and (path / "config.json").is_file():
         current = json.loads(json.dumps(asdict(config)))
-        shaped = [d for d in config_differences(saved_config(path), current)
+        shaped = [d for d in config_differences(saved_config(path, current), current)
                   if d.startswith("arch.") or d == "data.vocab_size"]
         if shaped:
             raise UserError(f"train.resume={value} was trained with other model or data options ({', '.join(shaped[:5])}); "
@@ -268,7 +303,7 @@ def find_resume(resume: str, run_dir: Path, config) -> Path | None:
         if not found:
             continue
         try:
-            saved = saved_config(found[-1])
+            saved = saved_config(found[-1], current)
         except (UserError, OSError) as err:
             print(f"not resuming from {found[-1]}: {err}", flush=True)
             continue
