@@ -21,7 +21,7 @@ from . import model as crammed
 from .errors import UserError
 from .model_code import foreign_code
 from .outputs import writing
-from .train.checkpoint import check_sizes, check_weights
+from .train.checkpoint import check_crammed_config, check_sizes, check_weights
 from .untrusted import read_json_object, refuse_links_outside
 
 TOLERANCE = 1e-4  # onnxruntime against PyTorch, on the real tokens of a padded batch
@@ -46,8 +46,10 @@ def load_for_export(folder: Path, trust_remote_code: bool = False):
     transformers.logging.disable_progress_bar()  # the one-line contract holds for loading too
     tensors = check_weights(folder)
     if (name := foreign_code(folder)) is None:
-        check_sizes(folder, crammed.CrammedConfig.from_pretrained(folder), tensors, False, MORE_MEMORY)
-        return getattr(crammed, head).from_pretrained(folder).eval()
+        config = crammed.CrammedConfig.from_pretrained(folder)
+        check_crammed_config(folder, config)
+        check_sizes(folder, config, tensors, False, MORE_MEMORY)
+        return getattr(crammed, head).from_pretrained(folder, config=config).eval()
     if not trust_remote_code:
         raise UserError(f"{folder / name} is not this cramming's own model code (an altered folder, or one written "
                         "by another version); export it with the code it came with, if you trust it: "

@@ -483,3 +483,26 @@ def test_a_hub_snapshot_of_our_checkpoint_is_ours(source_run, tmp_path, monkeypa
     assert model_code.foreign_code(snapshot_dir, hub.bounds(snapshot_dir)) is None
     hub.refuse_foreign_code("checkpoint", "someone/tiny", snapshot_dir, "eval.trust_remote_code")
     check_checkpoint(snapshot_dir)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("norm_eps", "tiny", "norm_eps is not of its declared type"),
+    ("position", "spiral", "position='spiral' is no option"),
+    ("hidden_dropout", 3.0, "hidden_dropout=3.0 is invalid"),
+    ("pad_token_id", 10**6, "the special token ids"),
+])
+def test_a_config_value_of_the_wrong_kind_is_one_line(source_run, tmp_path, key, value, says):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    one_line_error(run_command("eval.py", eval_args(folder, tmp_path)), says)
+
+
+def test_kernels_a_config_names_are_the_portable_ones_on_load(source_run, tmp_path):
+    """A config.json naming the Triton kernels (which need a GPU) loads with SDPA and PyTorch's rotary, as every
+    checkpoint is saved."""
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_impl": "triton", "rotary_impl": "triton"}))
+    result = run_command("eval.py", eval_args(folder, tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]

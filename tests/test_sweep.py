@@ -210,7 +210,8 @@ def test_parallel_jobs_lose_no_manifest_entry_and_no_results_row(tmp_path, monke
     assert [job["job"] for job in read_manifest(tmp_path)] == [0, 1, 2, 3]
 
     table = tmp_path / "results.csv"
-    report.append_csv(table, {"model": "first", "rte": 50.0})
+    row = {"finished_at": "2026", "checkpoint": "c"}  # a results table's first columns (eval/results.py)
+    report.append_csv(table, {**row, "model": "first", "rte": 50.0})
     reader = csv.DictReader
 
     def slow_reader(*args, **kwargs):
@@ -218,7 +219,7 @@ def test_parallel_jobs_lose_no_manifest_entry_and_no_results_row(tmp_path, monke
         return reader(*args, **kwargs)
 
     monkeypatch.setattr(csv, "DictReader", slow_reader)
-    together(report.append_csv, [((table, {"model": f"m{i}", "rte": float(i)}), {}) for i in range(4)])
+    together(report.append_csv, [((table, {**row, "model": f"m{i}", "rte": float(i)}), {}) for i in range(4)])
     with open(table, newline="") as fh:
         rows = list(reader(fh))
     assert sorted(row["model"] for row in rows) == ["first", "m0", "m1", "m2", "m3"]

@@ -21,6 +21,7 @@ from transformers import AutoConfig, get_scheduler
 from .. import model as crammed
 from ..errors import UserError
 from ..registry import Registry
+from ..train.checkpoint import check_crammed_config
 from ..untrusted import read_json
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
@@ -167,7 +168,9 @@ def load_config(checkpoint: Checkpoint, **changes):
     only with checkpoint.remote_code by the folder's own configuration code."""
     checkpoint = Checkpoint.of(checkpoint)
     if not checkpoint.remote_code and checkpoint.model_type() == "crammed":
-        return crammed.CrammedConfig.from_pretrained(checkpoint.path, **changes)
+        config = crammed.CrammedConfig.from_pretrained(checkpoint.path, **changes)
+        check_crammed_config(checkpoint.path, config)  # its values of their kinds, its kernels portable
+        return config
     return AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=checkpoint.remote_code, **changes)
 
 

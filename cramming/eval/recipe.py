@@ -213,7 +213,7 @@ def write_results(config, checkpoint, results: dict, table_rows: dict, predictio
                 "finished_at": results["finished_at"], "checkpoint": str(checkpoint), "model": label,
                 "comparable": results["comparable"], "not_comparable_because": describe(why),
                 "seeds": config.eval.seeds, **{k: round(v, 2) for k, v in row.items()}, "results": str(path.resolve())})
-    except UserError as err:  # the scores are whole in results.json: the table is a convenience
+    except (UserError, OSError) as err:  # the scores are whole in results.json: the table is a convenience
         reason = err.reason if isinstance(err, WriteFault) else str(err)
         table_line = f"results table: {config.eval.results_table} not updated ({reason}); the scores are in " \
                      "results.json"

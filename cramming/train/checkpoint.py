@@ -6,6 +6,7 @@ that name is replaced only when a save of ours wrote it (`ours`): an export into
 refused (cramming/outputs.py).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
@@ -23,9 +26,11 @@ from ..data.tokenizer import for_generation
 from ..engines import Engine
 from ..errors import UserError
 from ..model import CrammedModel, auto_map_of
+from ..model.arch import ArchConfig
 from ..model_code import shipped_names
 from ..outputs import claim_folder, remove, replace_folder, temp_folder, writing
-from ..untrusted import check_memory, leads_outside, read_json, size_text
+from ..rules import declared_registries, declared_rules, rule_problem
+from ..untrusted import check_memory, leads_outside, plain_data, read_json, size_text
 from .state import strided_view
 
 SUMMARY = "train_summary.json"
@@ -229,6 +234,36 @@ def pickled_table(path: Path) -> TensorTable:
         raise UserError(f"{path}: {where} is a view of {numel:,} elements over {stored:,} stored bytes; not a "
                         "weights file a save writes")
     return {name: (tuple(t.shape), t.numel() * t.element_size()) for name, t in weights.items()}
+
+
+def check_crammed_config(path: Path, config) -> None:
+    """A crammed checkpoint's config.json, as data someone else may have written: every architecture option of its
+    declared type and within its declared rules (cramming/model/arch.py, as a run's config is checked), its
+    special token ids within its vocabulary, never an interpolation; and its kernels the portable ones, whatever it
+    names (a checkpoint is saved with sdpa/torch/plain: a Triton kernel it named would fail off a GPU)."""
+    where = f"checkpoint {path}: config.json"
+    arch = {f.name: getattr(config, f.name) for f in dataclasses.fields(ArchConfig)}
+    arch = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in arch.items()}
+    plain_data(arch, where)
+    try:
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ArchConfig), arch))
+    except OmegaConfBaseException as err:
+        raise UserError(f"{where}: {getattr(err, 'full_key', '') or ''} is not of its declared type "
+                        f"({(str(err).splitlines() or [''])[0][:150]}); not a config cramming wrote") from None
+    for key, value, rule in declared_rules(typed):
+        if problem := rule_problem(key, value, rule):
+            raise UserError(f"{where}: {problem}")
+    for key, value, registry, extra in declared_registries(typed):
+        names = value if isinstance(value, list) else [value]
+        if bad := next((n for n in names if n not in registry and n not in extra), None):
+            raise UserError(f"{where}: {key}={bad!r} is no option this cramming has")
+    vocab = getattr(config, "vocab_size", None)
+    ids = {k: getattr(config, f"{k}_token_id", None) for k in ("pad", "cls", "sep", "mask")}
+    if not isinstance(vocab, int) or vocab < 1 or any(not isinstance(i, int) or not 0 <= i < vocab
+                                                      for i in ids.values() if i is not None):
+        raise UserError(f"{where}: vocab_size {vocab!r} and the special token ids {ids} do not fit together")
+    for key, portable in PORTABLE_KERNELS.items():
+        setattr(config, key, portable)
 
 
 NEW_HEAD_ROOM = 16 << 20  # parameters a fine-tuning head may add to the weights' (a classifier has far fewer)
