@@ -102,7 +102,18 @@ def evaluations_of(folder: Path) -> list[dict]:
     """The folder's eval_results.json (read inside the folder only: a link leading out is refused)."""
     path = inside(folder, EVALUATIONS, str(folder))
     done = read_json(path, what="eval_results.json") if path.is_file() else []
-    return done if isinstance(done, list) else []
+    return [entry for entry in done if is_evaluation(entry)] if isinstance(done, list) else []
+
+
+def is_evaluation(entry) -> bool:
+    """An entry of eval_results.json as eval.py writes it (what evaluation_lines reads of it); others are left out
+    of the card, as a folder's files are data."""
+    if not isinstance(entry, dict) or not {"benchmark", "seeds", "scores", "comparable", "finished_at"} <= set(entry):
+        return False
+    scores, data = entry["scores"], entry.get("data", {})
+    return (isinstance(scores, dict) and all(isinstance(v, int | float) for v in scores.values())
+            and isinstance(entry["finished_at"], str) and isinstance(data, dict)
+            and (not data or isinstance(entry.get("metrics"), dict) and set(data) <= set(entry["metrics"])))
 
 
 def write_card(folder: Path, summary: dict, head=None) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from transformers import PreTrainedTokenizerFast
 
+from .data.tokenizer import read_tokenizer
 from .errors import UserError, exit_on_user_error
 from .export_onnx import TOLERANCE, export_onnx
 from .impl import Runtime
@@ -55,7 +55,7 @@ def export_step(step: Path, out: Path | None = None) -> Path:
         raise UserError(problem)
     saved, config = read_step(step)
     arch = saved_arch(config, step / "state.pt")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(step / "tokenizer")
+    tokenizer = read_tokenizer(step / "tokenizer", f"step folder {step}")
     special = {"pad": tokenizer.pad_token_id, "cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id,
                "mask": tokenizer.mask_token_id}
     model = build_model(arch, len(tokenizer), special, Runtime(torch.device("cpu"), "fp32", False))

@@ -119,6 +119,18 @@ def named_modules(folder: Path, bounds: Path | None = None) -> list[str]:
     return sorted(modules)
 
 
+def tokenizer_modules(folder: Path) -> list[str]:
+    """The modules a tokenizer loaded from this folder would name: its tokenizer_config.json's auto_map (either
+    form), and config.json's AutoTokenizer entry."""
+    folder = Path(folder)
+    refs = _references(_json(folder / "tokenizer_config.json").get("auto_map")) \
+        if (folder / "tokenizer_config.json").is_file() else []
+    auto_map = _json(folder / "config.json").get("auto_map") if (folder / "config.json").is_file() else None
+    if isinstance(auto_map, dict):
+        refs += _references({"AutoTokenizer": auto_map.get("AutoTokenizer")})
+    return sorted({ref.rsplit(".", 1)[0] for ref in refs})
+
+
 def closure(folder: Path, modules: list[str], bounds: Path | None = None) -> tuple[list[str], str | None]:
     """(the files the modules are and import relatively, as transformers follows them; the first one named that
     the folder does not hold, or leads outside `bounds`, or None). Read as text from the folder, never imported."""

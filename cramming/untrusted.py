@@ -143,10 +143,18 @@ def _decode(raw: bytes, path: Path, number: int, offset: int) -> str:
                         "save the file as UTF-8") from None
 
 
+def regular_file(path: Path) -> Path:
+    """`path`, when it is a regular file (links followed): a folder, a FIFO or a device is one line."""
+    if not Path(path).is_file():
+        what = "a folder" if Path(path).is_dir() else "missing" if not Path(path).exists() else "not a regular file"
+        raise UserError(f"{path}: {what}; a file cramming reads must be a regular file")
+    return Path(path)
+
+
 def text_lines(path: Path, limit: int = LINE_LIMIT) -> Iterator[str]:
     """The file's lines as text, each with its line ending (what csv.reader reads); a byte-order mark dropped.
     A line longer than `limit` bytes, or one that is not UTF-8, stops the reading in one line naming it."""
-    path = Path(path)
+    path = regular_file(path)
     with open(path, "rb") as fh:
         offset = 0
         for number in range(1, 1 << 62):
@@ -164,9 +172,13 @@ def text_lines(path: Path, limit: int = LINE_LIMIT) -> Iterator[str]:
 
 def read_text(path: Path, limit: int = DATA_FILE_LIMIT, what: str = "text file") -> str:
     """A whole UTF-8 file (a byte-order mark dropped), its size checked first."""
-    path = Path(path)
+    path = regular_file(path)
     check_size(path, limit, what)
-    raw = path.read_bytes()[: limit + 1]
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(limit + 1)
+    except OSError as err:
+        raise UserError(f"{path}: cannot be read ({err.strerror or type(err).__name__})") from None
     raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         return raw.decode("utf-8")

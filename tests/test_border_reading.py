@@ -438,7 +438,7 @@ def test_a_step_whose_tokenizer_names_code_is_refused(source_run, tmp_path):
     step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
     config = json.loads((step / "tokenizer" / "tokenizer_config.json").read_text())
     (step / "tokenizer" / "tokenizer_config.json").write_text(json.dumps({**config, "auto_map": ["evil.Tok", None]}))
-    with pytest.raises(UserError, match=r"tokenizer: its config names code \(evil.py\)"):
+    with pytest.raises(UserError, match=r"its tokenizer config names code \(evil.py\)"):
         export_step(step, tmp_path / "out")
     with pytest.raises(UserError, match="names code"):
         open_source(str(step))
@@ -506,3 +506,86 @@ def test_kernels_a_config_names_are_the_portable_ones_on_load(source_run, tmp_pa
     (folder / "config.json").write_text(json.dumps({**config, "attention_impl": "triton", "rotary_impl": "triton"}))
     result = run_command("eval.py", eval_args(folder, tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # nested past Python's recursion limit: json.loads raises RecursionError
+
+
+@pytest.mark.parametrize("where", ["pretraining-jsonl", "step-tokenizer", "squad"])
+def test_json_nested_past_the_recursion_limit_is_one_line(source_run, tmp_path, where):
+    if where == "pretraining-jsonl":
+        data = tmp_path / "docs.jsonl"
+        data.write_text('{"text": "a fine document"}\n{"text": ' + DEEP + "}\n")
+        result = run_command("pretrain.py", [*TINY, "data=local-text", f"data.path={data}", "train.max_steps=1",
+                                             f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'r'}"])
+        one_line_error(result, "docs.jsonl line 2", "nests too deeply")
+    elif where == "step-tokenizer":
+        step = copy_of(source_run / "checkpoints" / "step-00000003", tmp_path, "step-00000003")
+        (step / "tokenizer" / "tokenizer.json").write_text(DEEP)
+        with pytest.raises(UserError, match="its tokenizer could not be loaded"):
+            export_step(step, tmp_path / "out")
+    else:
+        from cramming.eval.squad_data import read_squad_file
+
+        (tmp_path / "dev-v1.1.json").write_text('{"data": ' + DEEP + "}")
+        with pytest.raises(UserError, match="nests too deeply"):
+            read_squad_file(tmp_path / "dev-v1.1.json", 1)
+
+
+def test_a_folder_or_fifo_where_a_data_file_should_be_is_one_line(tmp_path):
+    from cramming.untrusted import read_text, text_lines
+
+    (tmp_path / "sub.txt").mkdir()
+    os.mkfifo(tmp_path / "pipe.txt")
+    for path in (tmp_path / "sub.txt", tmp_path / "pipe.txt"):
+        with pytest.raises(UserError, match="a file cramming reads must be a regular file"):
+            read_text(path)
+        with pytest.raises(UserError, match="a file cramming reads must be a regular file"):
+            list(text_lines(path))
+
+
+@pytest.mark.parametrize("spans, metadata", [([[0, 16], [0, 16]], {}), ([[0, 16], [20, 36]], {}),
+                                             ([[0, 16], [16, 32]], {"format": 1})])
+def test_a_safetensors_header_that_lies_is_refused(tmp_path, spans, metadata):
+    """Two tensors over the same bytes, a gap between them, a __metadata__ that is not strings: safetensors' own
+    reader fails on each deep inside loading."""
+    from cramming.train.checkpoint import check_safetensors
+
+    header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": spans[0]},
+              "b": {"dtype": "F32", "shape": [4], "data_offsets": spans[1]}, "__metadata__": metadata}
+    text = json.dumps(header).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(max(end for _, end in spans)))
+    with pytest.raises(UserError, match="byte ranges overlap or leave gaps|__metadata__ is not a table of strings"):
+        check_safetensors(path)
+
+
+def test_the_card_leaves_out_evaluations_that_are_not_eval_pys(source_run, tmp_path):
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    (folder / "eval_results.json").write_text(json.dumps([5, {"benchmark": "GLUE", "seeds": 1, "scores": "x",
+                                                              "comparable": True, "finished_at": "2026"}]))
+    line = update_card(Checkpoint(folder), {"benchmark": "B", "kind": "custom", "seeds": 1, "data": {},
+                                            "metrics": {}, "comparable": False, "scores": {"t": 1.0},
+                                            "finished_at": "2026-01-01"})
+    assert line.startswith("model card:") and "not updated" not in line
+    assert "### B (`eval=custom`), 1 seed(s)" in (folder / "README.md").read_text()
+
+
+def test_a_bert_folder_whose_config_has_a_value_of_the_wrong_kind_is_one_line(tmp_path):
+    from test_init_from import tiny_bert
+
+    folder = tmp_path / "bert"
+    tiny_bert(folder, ["a", "b"])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "layer_norm_eps": "x"}))
+    with pytest.raises(UserError, match="could not be loaded as a BertForMaskedLM .*layer_norm_eps"):
+        open_source(str(folder))
+
+
+def test_a_custom_task_with_more_classes_than_a_classifier_takes_is_one_line(tmp_path):
+    from cramming.eval.custom import MAX_CLASSES, load_custom_task
+
+    rows = "\n".join(f"example {i},label{i}" for i in range(MAX_CLASSES + 1))
+    (tmp_path / "t.csv").write_text("text,label\n" + rows + "\n")
+    with pytest.raises(UserError, match=f"{MAX_CLASSES + 1:,} distinct labels"):
+        load_custom_task(str(tmp_path / "t.csv"), str(tmp_path / "t.csv"), ["text"], "label", None)

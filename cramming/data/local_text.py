@@ -147,6 +147,8 @@ def iter_json_lines(path: Path, field: str, encoding: str, errors: str) -> Itera
                 except json.JSONDecodeError as err:
                     raise UserError(f"data file {path} line {number:,} is not valid JSON ({err.msg} at column "
                                     f"{err.colno}); fix or remove that line") from None
+                except RecursionError:
+                    raise UserError(f"data file {path} line {number:,} nests too deeply to be a row") from None
                 yield _text_of(row, field, path, f"line {number:,}")
         except UnicodeDecodeError:
             raise _decode_error(path, encoding) from None
@@ -161,6 +163,8 @@ def iter_json_array(path: Path, field: str, encoding: str, errors: str) -> Itera
     except json.JSONDecodeError as err:
         raise UserError(f"data file {path} is not valid JSON at line {err.lineno:,}, column {err.colno} "
                         f"({err.msg})") from None
+    except RecursionError:
+        raise UserError(f"data file {path} nests too deeply to be an array of rows") from None
     for index, row in enumerate(rows if isinstance(rows, list) else [rows]):
         yield row if isinstance(row, str) else _text_of(row, field, path, f"item {index:,}")
 

@@ -23,17 +23,15 @@ from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from ..atomic import locked
 from ..errors import UserError
 from ..outputs import writing
-from ..untrusted import check_tokenizer_files
 from .dedup import SeenHashes
 from .packed import PackedTokens
 from .share import use_prepared
 from .sources import open_source
-from .tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, train_tokenizer
+from .tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, read_tokenizer, train_tokenizer
 
 PIPELINE_VERSION = 1
 BATCH_DOCS, BATCH_CHARS = 512, 1 << 19  # one tokenizer call: bounded in documents and in text
@@ -72,8 +70,7 @@ def prepare_data(cfg) -> tuple[Path, dict]:
 def load_tokenizer(folder: Path):
     """A prepared folder's tokenizer (the cache's, or data.prepared's someone else made): files bounded in size,
     no code run."""
-    check_tokenizer_files(folder / "tokenizer")
-    return AutoTokenizer.from_pretrained(folder / "tokenizer", trust_remote_code=False)
+    return read_tokenizer(folder / "tokenizer", f"prepared data {folder}", fast=False)
 
 
 # A document longer than this is tokenized in pieces of at most this many characters, cut at a space: the packed

@@ -16,6 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..errors import UserError
+from ..model_code import tokenizer_modules
 from ..registry import Registry
 from ..untrusted import check_tokenizer_files
 
@@ -87,6 +88,24 @@ def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int, max_length
         sep_token="[SEP]",
         mask_token="[MASK]",
     )
+
+
+def read_tokenizer(folder: Path, what: str, fast: bool = True):
+    """A tokenizer someone else saved (a step folder's, a checkpoint's, a prepared folder's): its files of a
+    tokenizer's size, its config naming no code, loaded without running any (trust_remote_code=False); whatever
+    fails to load it is one line naming `what`. fast: as PreTrainedTokenizerFast (what cramming saves)."""
+    folder = Path(folder)
+    check_tokenizer_files(folder)
+    if names := tokenizer_modules(folder):
+        raise UserError(f"{what}: its tokenizer config names code ({names[0]}.py), which cramming never writes; it "
+                        "was not read")
+    try:
+        if fast:
+            return PreTrainedTokenizerFast.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001  tokenizer files fail to load in many types (the Rust parser's too)
+        raise UserError(f"{what}: its tokenizer could not be loaded ({type(err).__name__}: "
+                        f"{next((s for s in str(err).splitlines() if s.strip()), '')[:200]})") from None
 
 
 def load_pretrained_tokenizer(name: str, max_length: int) -> PreTrainedTokenizerFast:

@@ -78,8 +78,11 @@ def check_checkpoint(checkpoint: Checkpoint | Path):
     try:
         model_config = load_config(checkpoint)
         tokenizer = AutoTokenizer.from_pretrained(path, config=model_config, trust_remote_code=checkpoint.remote_code)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
-        raise UserError(f"checkpoint {path} could not be loaded: {(str(err).splitlines() or [''])[0][:300]}") from None
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  a folder's config and tokenizer fail to load in many types; each one line
+        raise UserError(f"checkpoint {path} could not be loaded: {type(err).__name__}: "
+                        f"{next((s for s in str(err).splitlines() if s.strip()), '')[:300]}") from None
     check_sizes(path, model_config, tensors, checkpoint.remote_code, "evaluate it on a machine with more memory",
                 copies=4)
     largest = max([*tokenizer.get_vocab().values(), len(tokenizer) - 1])

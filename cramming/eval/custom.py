@@ -15,6 +15,9 @@ from .tasks import Example, TaskData
 TASK_TYPES = ("classification", "regression")
 
 
+MAX_CLASSES = 10_000
+
+
 def load_custom_task(train_file: str, dev_file: str, text_fields: list[str], label_field: str,
                      task_type: str | None = None) -> TaskData:
     """Load train and dev; `task_type` None infers it: all labels numeric and some not whole -> regression."""
@@ -35,6 +38,9 @@ def load_custom_task(train_file: str, dev_file: str, text_fields: list[str], lab
     label_names = _label_names([raw for _, _, raw in train])
     if len(label_names) < 2:
         raise UserError(f"{train_file}: a classification task needs at least two labels, found {label_names}")
+    if len(label_names) > MAX_CLASSES:  # the head would hold hidden x classes weights (and their optimizer state)
+        raise UserError(f"{train_file}: {len(label_names):,} distinct labels, more than the {MAX_CLASSES:,} classes a "
+                        "sequence classifier here takes; numbers are a regression (eval.task_type=regression)")
     index = {name: i for i, name in enumerate(label_names)}
     metrics = ["accuracy", "f1", "matthews"] if len(label_names) == 2 else ["accuracy", "matthews"]
     return TaskData("custom", _classes(train, index, train_file), {"dev": _classes(dev, index, dev_file)},

@@ -129,6 +129,8 @@ def read_squad_file(path: Path, version: int) -> list[SquadExample]:
         document = json.loads(raw)
     except json.JSONDecodeError as err:
         raise UserError(f"{path} line {err.lineno}: not JSON ({err.msg}, column {err.colno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: nests too deeply to be a SQuAD file") from None
     return parse_squad(document, version, Where(str(path), raw))
 
 

@@ -168,9 +168,16 @@ def check_safetensors(path: Path) -> TensorTable:
         raise UserError(f"{path}: {problem} ({size:,} bytes, its header describes {expected:,}); the write was "
                         "interrupted, use a complete checkpoint")
     for key, (shape, nbytes, dtype) in table.items():
-        if math.prod(shape) * DTYPE_BYTES.get(dtype, 0) != nbytes:
+        if math.prod(shape) * DTYPE_BYTES.get(dtype, 0) != nbytes or any(n < 0 for n in shape):
             raise UserError(f"{path}: tensor {key!r} of shape {list(shape)} ({dtype}) does not fill its {nbytes:,} "
                             "bytes; not a file safetensors wrote")
+    spans = sorted((int(e["data_offsets"][0]), int(e["data_offsets"][1])) for k, e in header.items()
+                   if k != "__metadata__")
+    if any(start != end_before for (start, _), (_, end_before) in zip(spans[1:], spans)) or (spans and spans[0][0]):
+        raise UserError(f"{path}: its tensors' byte ranges overlap or leave gaps; not a file safetensors wrote")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise UserError(f"{path}: its __metadata__ is not a table of strings; not a file safetensors wrote")
     return {key: (shape, nbytes) for key, (shape, nbytes, _) in table.items()}
 
 

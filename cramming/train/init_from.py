@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from safetensors.torch import load_file
-from transformers import PreTrainedTokenizerFast
 from transformers import logging as hf_logging
 
-from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer
+from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, read_tokenizer
 from ..errors import UserError
 from ..hub import bounds, model_folder
 from ..model.configuration_crammed import current_key
@@ -73,7 +72,7 @@ def _checkpoint(folder: Path, value: str) -> Source:
     check_memory(sum(nbytes for _, nbytes in tensors.values()), f"{KEY}={value}: its weights", MORE_MEMORY)
     weights = load_file(folder / "model.safetensors")
     saved = read_json(folder / "config.json", what="config.json")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)  # ours has no code: no trust_remote_code needed
+    tokenizer = read_tokenizer(folder, f"{KEY}={value}")
     return Source("checkpoint", folder, *_renamed(weights), _ours(saved), tokenizer)
 
 
@@ -91,7 +90,7 @@ def _checked(folder: Path) -> dict:
 def _step(folder: Path, value: str) -> Source:
     saved, config = read_step(folder)
     arch = config.get("arch") if isinstance(config.get("arch"), dict) else {}
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    tokenizer = read_tokenizer(folder / "tokenizer", f"{KEY}={value}")
     return Source("step", folder, *_renamed(saved["model"]), _ours(arch), tokenizer)
 
 
@@ -115,10 +114,12 @@ def _bert(folder: Path, value: str) -> Source:
         tensors = _checked(folder)
         check_sizes(folder, BertConfig.from_pretrained(folder), tensors, False, MORE_MEMORY)
         bert = BertForMaskedLM.from_pretrained(folder)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as err:
-        raise UserError(invalid(KEY, value, f"could not be loaded as a BertForMaskedLM "
-                                f"({(str(err).splitlines() or [''])[0][:200]})")) from None
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  a folder fails to load as BERT in many types; each is one line
+        raise UserError(invalid(KEY, value, f"could not be loaded as a BertForMaskedLM ({type(err).__name__}: "
+                                f"{next((s for s in str(err).splitlines() if s.strip()), '')[:200]})")) from None
     finally:
         hf_logging.set_verbosity(verbosity)
     if getattr(bert.config, "position_embedding_type", "absolute") != "absolute":

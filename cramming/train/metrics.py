@@ -97,6 +97,8 @@ def whole_lines(path: Path) -> list[str]:
             if number == len(lines):
                 return lines[:-1]
             record = None
+        except RecursionError:
+            record = None
         if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
             raise UserError(f"{path}: line {number} of {len(lines)} is not a metrics record ({line[:60]!r}); delete "
                             "that line to resume, or start afresh with train.resume=never")

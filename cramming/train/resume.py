@@ -19,7 +19,6 @@ import torch
 
 from ..engines import ENGINES, Engine
 from ..errors import UserError
-from ..model_code import named_modules
 from ..outputs import remove, writing
 from ..renames import moved
 from ..untrusted import TOKENIZER_LIMIT, check_size, leads_outside, link_outside, plain_data, read_json
@@ -203,9 +202,6 @@ def read_step(step: Path) -> tuple[dict, dict]:
                         "folder's files must lie inside it, so it was not read")
     for path in (step / "tokenizer").iterdir():
         check_size(path, TOKENIZER_LIMIT, "tokenizer file")
-    if names := named_modules(step / "tokenizer"):  # its copy would carry the code into what is made from it
-        raise UserError(f"{step / 'tokenizer'}: its config names code ({names[0]}.py), which a step folder "
-                        "cramming wrote never does; it was not read")
     saved = load_saved(step / "state.pt")
     if "model" not in saved:
         raise UserError(f"{step} holds its weights in an engine's shards (FSDP2, DeepSpeed); resume the run "
