@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import sys
+from pathlib import Path
 
 from hydra._internal.utils import get_args_parser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
@@ -19,7 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 from . import config  # noqa: F401  both commands' schema nodes, which conf/pretrain.yaml and conf/eval.yaml compose
 from .errors import EXIT_USER_ERROR  # onto first: importing the schema modules stores them (cramming/schema.py)
 from .eval import config as eval_config  # noqa: F401
+from .outputs import fault_reason
 from .renames import renamed_line, renamed_override
+from .run_folder import undo_made
 from .schema import CONF, group_options
 
 
@@ -160,5 +163,24 @@ def run_entry(main, command: str) -> None:
             raise
         print(f"error: {composition_line(err, command)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USER_ERROR)
+    except (OSError, ValueError) as err:  # Hydra writing its bookkeeping (.hydra/, the log) into the run folder
+        fault = next((e for e in (err, err.__cause__, err.__context__) if isinstance(e, OSError)), None)
+        reason = fault_reason(fault, Path(fault.filename or ".").parent) if fault is not None else None
+        if reason is None or _from_task(err):
+            raise
+        undo_made()
+        print(f"error: cannot write {fault.filename}: {reason}; nothing of the run was started: free some space or "
+              "give hydra.run.dir another folder", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USER_ERROR)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+def _from_task(err: BaseException) -> bool:
+    """Raised by a command's own task function (cramming/commands.py), not by Hydra setting up its job."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("pretrain_main", "eval_main"):
+            return True
+        tb = tb.tb_next
+    return False

@@ -58,15 +58,18 @@ def name_problem(name) -> str | None:
 def make_folder(path: Path) -> bool:
     """mkdir, each missing parent too (remembered in MADE); False when `path` itself exists already."""
     path = Path(path).absolute()
-    for parent in reversed(path.parents):
-        if not parent.exists():
-            with contextlib.suppress(FileExistsError):
-                parent.mkdir()
-                MADE.add(parent.resolve())
     try:
+        for parent in reversed(path.parents):
+            if not parent.exists():
+                with contextlib.suppress(FileExistsError):
+                    parent.mkdir()
+                    MADE.add(parent.resolve())
         path.mkdir()
     except FileExistsError:
         return False
+    except OSError as err:  # a read-only or full file system: one line before Hydra tries the same
+        undo_made()
+        stop(f"cannot make the run folder {path}: {err.strerror}; give hydra.run.dir a folder that can be written")
     MADE.add(path.resolve())
     return True
 
@@ -167,6 +170,18 @@ class RunFolder(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self.release()
+
+
+def undo_made() -> None:
+    """After a launch failed before its job began: each folder this process made, deepest first, removed when it
+    holds only Hydra's bookkeeping (or nothing)."""
+    for folder in sorted(MADE, key=lambda p: len(p.parts), reverse=True):
+        if folder.is_dir() and all(p.name in BOOKKEEPING or p.suffix == ".log" for p in folder.iterdir()):
+            for path in folder.iterdir():
+                remove(path)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            MADE.discard(folder)
 
 
 def undo_refused(run_dir: Path) -> None:

@@ -403,3 +403,18 @@ def test_a_leftover_temporary_step_that_is_a_link_is_removed_not_followed(tmp_pa
                                              torch.amp.GradScaler("cpu", enabled=False), TrainState(step=1))
     assert os.listdir(users) == ["keep.txt"]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000001"]
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_run_folder_on_a_full_or_read_only_disk_is_one_line(tmp_path, fault):
+    """Hydra writes .hydra/ and the job's log before any of the job runs: a fault there is one line too."""
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        if fault == "full":
+            with contextlib.suppress(OSError), open(disk / "filler", "wb") as fh:
+                fh.write(b"x" * (1 << 20))
+        else:
+            remount_read_only(disk)
+        before = sorted(os.listdir(disk))
+        result = run_command("eval.py", ["checkpoint=/nowhere", f"hydra.run.dir={disk / 'run'}"])
+        one_line_error(result, "the disk is full" if fault == "full" else "Read-only file system")
+        assert sorted(os.listdir(disk)) == before

@@ -589,3 +589,25 @@ def test_a_custom_task_with_more_classes_than_a_classifier_takes_is_one_line(tmp
     (tmp_path / "t.csv").write_text("text,label\n" + rows + "\n")
     with pytest.raises(UserError, match=f"{MAX_CLASSES + 1:,} distinct labels"):
         load_custom_task(str(tmp_path / "t.csv"), str(tmp_path / "t.csv"), ["text"], "label", None)
+
+
+def test_a_zero_shot_row_of_the_wrong_kinds_is_one_line(tmp_path):
+    from cramming.eval.zero_shot import read_items
+
+    path = tmp_path / "hellaswag.jsonl"
+    path.write_text(json.dumps({"activity_label": 5, "ctx_a": "a", "ctx_b": "b", "endings": ["x", "y"],
+                                "label": 0}) + "\n")
+    with pytest.raises(UserError, match="activity_label must be text"):
+        read_items(path)
+
+
+def test_an_exported_dataset_that_is_not_one_is_one_line(tmp_path):
+    from cramming.data.prepare import prepare_data
+    from cramming.data.share import export_prepared
+
+    folder, _ = prepare_data(config_for(*TINY, f"data.cache_dir={tmp_path / 'cache'}").data)
+    out = export_prepared(folder, tmp_path / "shared", "parquet")
+    (out / "train.parquet").write_bytes(b"not parquet at all")
+    result = run_command("pretrain.py", [*TINY, "train.max_steps=1", f"data.prepared={out}",
+                                         f"data.cache_dir={tmp_path / 'cache2'}", f"hydra.run.dir={tmp_path / 'run'}"])
+    one_line_error(result, "could not be read as an exported dataset")

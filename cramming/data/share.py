@@ -108,6 +108,19 @@ def _unpack(path: Path, meta: dict, folder: Path) -> None:
 
 
 def _read_splits(path: Path) -> dict:
+    """The exported splits, read by datasets; a folder that is not one (a broken parquet or arrow file, a state
+    file nested past the recursion limit, ...) is one line naming it."""
+    try:
+        return _load_splits(path)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  datasets and pyarrow fail in many types on a broken folder
+        cause = err.__cause__ or err
+        raise UserError(f"data.prepared={path}: could not be read as an exported dataset ({type(cause).__name__}: "
+                        f"{next((s for s in str(cause).splitlines() if s.strip()), '')[:200]})") from None
+
+
+def _load_splits(path: Path) -> dict:
     import datasets  # about 1 s to import: only when a run reads a shared dataset folder
 
     if (path / "dataset_dict.json").is_file():

@@ -74,6 +74,8 @@ def check_item(row: dict, fields: tuple[str, ...], where: str) -> Item:
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(endings):
         raise UserError(f"{where}: label {row['label']!r} is not an index into its {len(endings)} endings")
     if fields is HELLASWAG_FIELDS:
+        if bad := next((f for f in ("activity_label", "ctx_a", "ctx_b") if not isinstance(row[f], str)), None):
+            raise UserError(f"{where}: {bad} must be text, got {row[bad]!r}")
         context, endings = hellaswag_item(row)
     else:
         context = row["context"]
