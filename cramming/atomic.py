@@ -13,6 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from .errors import UserError
 from .outputs import writing
 
 
@@ -42,6 +43,10 @@ def write_atomic(path, text: str) -> None:
 
 
 def locked(path) -> FileLock:
-    """An exclusive lock for `path` across processes (blocks until free): `with locked(path): ...`."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(f"{path}.lock")
+    """An exclusive lock for `path` across processes (blocks until free): `with locked(path): ...`. The lock file
+    beside it must be a plain file (or absent): a link or a folder there is one line, never written through."""
+    lock = Path(f"{path}.lock")
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        raise UserError(f"{lock} is not a lock file (a link or a folder stands there); remove it")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(lock))

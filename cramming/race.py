@@ -28,6 +28,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from .atomic import write_atomic
 from .errors import exit_on_user_error
 from .outputs import claim_folder
 
@@ -36,7 +37,6 @@ EXACT_SPLITS = 200_000  # exact permutation p up to this many ways to split the 
 TIME_TEST = ("one-sided Mann-Whitney U, B faster than A; runs that missed the target are censored: tied with each "
              "other above every reached run")
 PRETRAIN = "from cramming.commands import pretrain_command; pretrain_command('cramming-pretrain')"
-RACE_FILES = ("a", "b", "race.json")  # what a race writes into its folder
 
 
 class Parser(argparse.ArgumentParser):
@@ -157,7 +157,7 @@ def run_one(overrides: list, run_dir: Path) -> dict:
     command = [sys.executable, "-c", PRETRAIN, *overrides, f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "race.log").write_text(done.stdout + done.stderr)
+    write_atomic(run_dir / "race.log", done.stdout + done.stderr)  # replaces a link, never writes through one
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         print(f"error: {shlex.join(overrides)} failed (exit {done.returncode}): {last}; its output is in "
@@ -192,7 +192,7 @@ def table(configs: dict, result: dict) -> str:
 def main(argv=None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     out = (args.out or Path("outputs") / "race" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).resolve()
-    claim_folder(out, lambda entry: entry.name in RACE_FILES, "a race")  # a folder of the user's is left alone
+    claim_folder(out, lambda entry: False, "a race")  # a race's folder is new (or empty): nothing in it is replaced
     configs = {"a": args.a, "b": args.b}
     runs = {}
     for name, extra in configs.items():
@@ -208,8 +208,7 @@ def main(argv=None) -> None:
     result["loss"] = {n: loss_test(losses[n], runs[n][0]["target_loss"]) for n in configs}
     record = {"configs": configs, "common": args.common, "seeds": args.seeds, "seconds_to_target": times,
               "final_val_loss": losses, **result}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "race.json").write_text(json.dumps(record, indent=2))
+    write_atomic(out / "race.json", json.dumps(record, indent=2))
     print(table(configs, result))
     print(f"results: {out / 'race.json'}")
 

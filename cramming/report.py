@@ -104,6 +104,9 @@ def parse_overrides(items) -> dict:
     return out
 
 
+# The numbers of a train_summary.json the report reads: a summary where one is not a number is not read.
+SUMMARY_NUMBERS = ("steps", "tokens", "tokens_per_s", "val_loss", "final_train_loss", "flops_per_token", "parameters",
+                   "untrained_val_loss", "budget_hours", "mfu", "energy_kwh", "seconds_to_target")
 SKIPPED: list[str] = []  # what could not be read, said under the report's table
 
 
@@ -152,7 +155,7 @@ def metrics_record(line: str) -> dict | None:
     losses are numbers; None for anything else (a line cut short by a crash, a line someone else wrote)."""
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or not isinstance(record.get("step", 0), int) or isinstance(record.get("step"), bool):
         return None
@@ -194,6 +197,10 @@ def load_run(path: Path) -> Run:
     summary's; then the group choices (`arch=crammed-bert-tiny`) and the command line's overrides."""
     summary = read_json(path / "train_summary.json", path)
     summary = summary if isinstance(summary, dict) else None
+    if summary is not None and (bad := next((k for k in SUMMARY_NUMBERS if k in summary and summary[k] is not None
+                                             and not isinstance(summary[k], int | float)), None)):
+        SKIPPED.append(f"{path / 'train_summary.json'}: {bad} is not a number; the summary was not read")
+        summary = None
     config = read_yaml(path / ".hydra" / "config.yaml", path)
     if not isinstance(config, dict):
         config = (summary or {}).get("config") or {}

@@ -49,9 +49,10 @@ def name_problem(name) -> str | None:
     text = str(name)
     parts = text.split("/")
     if (not text or text.startswith(("/", "~")) or "\\" in text or any(p in ("", ".", "..") for p in parts)
-            or any(not c.isprintable() for c in text)):
+            or any(not c.isprintable() for c in text) or any(len(p.encode()) > 200 for p in parts)):
         return (f"name={text!r} is invalid: it names the run's folder under outputs/, so it must be a relative path "
-                "of plain parts (no '..', no leading '/' or '~', no empty part); e.g. name=crammed or name=ablation/rope")
+                "of plain parts (no '..', no leading '/' or '~', no empty part, none over 200 bytes); e.g. name=crammed or "
+                "name=ablation/rope")
     return None
 
 

@@ -418,3 +418,73 @@ def test_a_run_folder_on_a_full_or_read_only_disk_is_one_line(tmp_path, fault):
         result = run_command("eval.py", ["checkpoint=/nowhere", f"hydra.run.dir={disk / 'run'}"])
         one_line_error(result, "the disk is full" if fault == "full" else "Read-only file system")
         assert sorted(os.listdir(disk)) == before
+
+
+def test_a_race_writes_only_into_a_new_or_empty_folder(tmp_path):
+    """Its run folders' logs would be written over a user's files, or through a link."""
+    from cramming import race
+
+    out = tmp_path / "race"
+    (out / "a" / "seed-0").mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (out / "a" / "seed-0" / "race.log").symlink_to(victim)
+    with pytest.raises(SystemExit) as stop:
+        race.main(["--a", "train.lr=1e-3", "--b", "train.lr=2e-3", "--seeds", "2", "--out", str(out),
+                   "train.target_loss=5"])
+    assert stop.value.code == 2 and victim.read_text() == "mine"
+
+
+def test_a_results_table_given_as_a_link_updates_the_table_it_names(tmp_path):
+    from cramming.eval.results import append_csv
+
+    shared = tmp_path / "shared.csv"
+    row = {"finished_at": "2026", "checkpoint": "c", "model": "m", "rte": 1.0}
+    append_csv(shared, row)
+    (tmp_path / "mine.csv").symlink_to(shared)
+    append_csv(tmp_path / "mine.csv", {**row, "model": "n"})
+    assert (tmp_path / "mine.csv").is_symlink() and shared.read_text().count("\n") == 3
+    (tmp_path / "t.csv.lock").mkdir()  # a folder where the lock file goes
+    with pytest.raises(UserError, match="t.csv.lock is not a lock file"):
+        append_csv(tmp_path / "t.csv", row)
+
+
+def test_a_name_part_longer_than_a_file_name_may_be_is_one_line(tmp_path):
+    one_line_error(run_command("pretrain.py", ["name=" + "x" * 300, "dryrun=true", *TINY]), "none over 200 bytes")
+
+
+def test_a_share_into_a_dangling_link_or_its_own_folder_is_refused(tmp_path):
+    from cramming.data.prepare import prepare_data
+    from cramming.data.share import export_prepared
+    from test_resume import config_for
+
+    folder, _ = prepare_data(config_for(*TINY, f"data.cache_dir={tmp_path / 'cache'}").data)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(UserError, match="already exists"):
+        export_prepared(folder, tmp_path / "dangling")
+    with pytest.raises(UserError, match="lies inside the prepared folder"):
+        export_prepared(folder, folder / "sub")
+    assert sorted(os.listdir(tmp_path)) == ["cache", "dangling"]
+
+
+def test_a_read_only_cache_when_data_must_be_prepared_is_one_line(tmp_path):
+    with small_disk(tmp_path / "cache", "1m") as cache:
+        remount_read_only(cache)
+        result = run_command("pretrain.py", [*TINY, "train.max_steps=1", f"data.cache_dir={cache}",
+                                             f"hydra.run.dir={tmp_path / 'run'}"])
+        one_line_error(result, "the file system is read-only")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_report_skips_summaries_and_lines_that_are_not_what_a_run_writes(source_run, tmp_path, capsys):
+    from cramming import report
+
+    run = tmp_path / "run"
+    shutil.copytree(source_run, run)
+    summary = json.loads((run / "train_summary.json").read_text())
+    (run / "train_summary.json").write_text(json.dumps({**summary, "val_loss": [1], "steps": "x"}))
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 9, "loss": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    report.main([str(run), "--out", str(tmp_path / "report")])
+    out = capsys.readouterr().out
+    assert "steps is not a number; the summary was not read" in out and "not metrics records skipped" in out

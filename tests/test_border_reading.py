@@ -611,3 +611,76 @@ def test_an_exported_dataset_that_is_not_one_is_one_line(tmp_path):
     result = run_command("pretrain.py", [*TINY, "train.max_steps=1", f"data.prepared={out}",
                                          f"data.cache_dir={tmp_path / 'cache2'}", f"hydra.run.dir={tmp_path / 'run'}"])
     one_line_error(result, "could not be read as an exported dataset")
+
+
+def test_a_config_swapped_after_the_check_is_not_the_one_loaded(source_run, tmp_path, monkeypatch):
+    """The config is read once, when it is checked: a config.json replaced afterwards (here by one whose position
+    table would take 100 GB) is never what the models are built from."""
+    from cramming.eval import checkpoint as checking
+    from cramming.eval import recipe
+
+    folder = copy_of(source_run / "checkpoint", tmp_path)
+    real = checking.check_checkpoint
+
+    def swapped_after(checkpoint):
+        found = real(checkpoint)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "max_seq_length": 400_000_000}))
+        return found
+
+    monkeypatch.setattr(recipe, "check_checkpoint", swapped_after)
+    result = run_command("eval.py", eval_args(folder, tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_link_out_of_a_data_folder_is_refused_and_never_echoed(tmp_path, source_run):
+    secret = tmp_path / "secret.tsv"
+    secret.write_text("index\tsentence1\tsentence2\tlabel\nTOKEN=hunter2\n")
+    glue = glue_folder(tmp_path)
+    (glue / "RTE" / "dev.tsv").unlink()
+    (glue / "RTE" / "dev.tsv").symlink_to(secret)
+    result = run_command("eval.py", eval_args(source_run / "checkpoint", tmp_path, "eval=glue", "eval.tasks=[rte]",
+                                              f"eval.data_dir={glue}"))
+    one_line_error(result, "dev.tsv is a link leading outside it")
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_a_link_out_of_a_pretraining_data_folder_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("words from somewhere else\n" * 50)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mine.txt").write_text("my own words\n" * 50)
+    (data / "theirs.txt").symlink_to(elsewhere)
+    for path in (data, f"{data}/*.txt"):
+        result = run_command("pretrain.py", [*TINY, "data=local-text", f"data.path={path}", "data_only=true",
+                                             f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'r'}"])
+        one_line_error(result, "theirs.txt", "outside")
+
+
+def test_a_tokenizer_folder_with_a_link_out_is_refused(source_run, tmp_path):
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(source_run / "checkpoint" / "tokenizer_config.json", folder)
+    shutil.copy(source_run / "checkpoint" / "tokenizer.json", tmp_path / "outside.json")
+    (folder / "tokenizer.json").symlink_to(tmp_path / "outside.json")
+    from cramming.data.tokenizer import load_pretrained_tokenizer
+
+    with pytest.raises(UserError, match="tokenizer.json is a link to .*outside.json"):
+        load_pretrained_tokenizer(str(folder), 32)
+
+
+def test_texts_are_cut_to_what_truncation_can_keep_before_they_are_tokenized(source_run):
+    """A 4 MiB line (the longest a task file may hold) is tokenized as its first CHARS_PER_TOKEN x max_length
+    characters: the ids truncation keeps are the same, and no tokenizer sees megabytes."""
+    from transformers import PreTrainedTokenizerFast
+
+    from cramming.eval.classifier_head import encode_texts
+    from cramming.eval.finetune import CHARS_PER_TOKEN, clipped
+    from cramming.eval.tasks import Example
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(source_run / "checkpoint")
+    long = "words of a sentence " * 200_000
+    assert len(clipped([long], 32)[0]) == CHARS_PER_TOKEN * 32 and clipped(None, 32) is None
+    whole = tokenizer([long[:100_000]], truncation=True, max_length=32)["input_ids"]
+    assert encode_texts(tokenizer, [Example(long, None, 0)], 32) == whole

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import UserError
+from ..untrusted import leads_outside, link_outside
 
 TEXT_SUFFIXES = {".txt", ".text", ".raw"}  # what a folder is searched for; a named file or glob may be any text
 STRUCTURED_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -24,11 +25,20 @@ def resolve_files(path: str) -> list[Path]:
     """Expand `path` into a sorted list of readable data files, or say exactly why not."""
     expanded = os.path.expanduser(path)
     if any(ch in expanded for ch in "*?["):
+        base = Path(expanded.split("*")[0].split("?")[0].split("[")[0])
+        base = base if str(expanded).endswith("/") or base.is_dir() else base.parent
         matches = [Path(p) for p in sorted(glob.glob(expanded, recursive=True)) if Path(p).is_file()]
+        if outside := next((p for p in matches if leads_outside(base, p)), None):
+            raise UserError(f"data.path={path!r}: {outside} leads outside {base} through a link (to "
+                            f"{outside.resolve()}); a data folder's files must lie inside it: copy the file in, or "
+                            "name it directly")
         if not matches:
             raise UserError(f"data.path={path!r}: the pattern matched no files")
         files = matches
     elif os.path.isdir(expanded):
+        if (link := link_outside(Path(expanded))) is not None:
+            raise UserError(f"data.path={path!r}: {link} is a link leading outside the folder (to {link.resolve()}); "
+                            "a data folder's files must lie inside it: copy the file in, or name it directly")
         files = sorted(p for p in Path(expanded).rglob("*") if p.is_file() and _supported(p))
         if not files:
             kinds = ", ".join(sorted(TEXT_SUFFIXES | set(STRUCTURED_SUFFIXES)))

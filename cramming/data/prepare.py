@@ -57,10 +57,10 @@ def prepare_data(cfg) -> tuple[Path, dict]:
         source = open_source(cfg, cache_root)
         folder = cache_root / cache_key(cfg, source.fingerprint())
         if not (folder / "meta.json").exists():
-            with locked(folder):  # a second job waits here, then finds the finished cache
+            # a second job waits at the lock, then finds the finished cache; a full or read-only cache: one line
+            with writing(cache_root, "the prepared data"), locked(folder):
                 if not (folder / "meta.json").exists():
-                    with writing(cache_root, "the prepared data"):  # a full disk: one line, no half folder
-                        _build(cfg, source, folder)
+                    _build(cfg, source, folder)
         meta = json.loads((folder / "meta.json").read_text())
     print(f"data: {meta['train_sequences']:,} train / {meta['val_sequences']:,} validation sequences "
           f"of {cfg.seq_length} tokens from {folder}", flush=True)

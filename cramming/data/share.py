@@ -20,7 +20,7 @@ import numpy as np
 
 from ..atomic import locked
 from ..errors import UserError, exit_on_user_error
-from ..outputs import writing
+from ..outputs import remove, temp_folder, writing
 from ..untrusted import read_json, refuse_links_outside
 from .packed import PackedTokens
 
@@ -35,27 +35,33 @@ def export_prepared(folder: Path, out: Path, fmt: str = "arrow") -> Path:
 
     folder, out = Path(folder), Path(out)
     meta = read_meta(folder)
-    if out.exists():
+    if out.exists() or out.is_symlink():
         raise UserError(f"{out} already exists; give a new folder to export into")
+    if out.absolute().resolve().is_relative_to(folder.resolve()):
+        raise UserError(f"{out} lies inside the prepared folder {folder}, which is read, never written; give a folder "
+                        "outside it")
     if fmt not in FORMATS:
         raise UserError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     splits = {}
     for split, name in SPLITS.items():
         rows = PackedTokens(folder / f"{split}.bin", meta["dtype"], meta["seq_length"], meta["special_ids"]["cls"])
         stream = np.asarray(rows.stream[: len(rows) * rows.stride]).reshape(len(rows), rows.stride)
         ids = np.concatenate([np.full((len(rows), 1), rows.cls_id, dtype=stream.dtype), stream], axis=1)
         splits[name] = datasets.Dataset.from_dict({"input_ids": ids})
-    if fmt == "arrow":
-        datasets.DatasetDict(splits).save_to_disk(str(tmp))
-    else:
-        for name, dataset in splits.items():
-            dataset.to_parquet(str(tmp / f"{name}.parquet"))
-    shutil.copytree(folder / "tokenizer", tmp / "tokenizer")
-    (tmp / META).write_text(json.dumps(meta, indent=2))  # written last: marks the export complete
-    os.rename(tmp, out)
+    with writing(out.absolute().parent, out.name):
+        tmp = temp_folder(out.absolute().parent, out.name)  # a folder of this process's own, removed on failure
+        try:
+            if fmt == "arrow":
+                datasets.DatasetDict(splits).save_to_disk(str(tmp))
+            else:
+                for name, dataset in splits.items():
+                    dataset.to_parquet(str(tmp / f"{name}.parquet"))
+            shutil.copytree(folder / "tokenizer", tmp / "tokenizer")
+            (tmp / META).write_text(json.dumps(meta, indent=2))  # written last: marks the export complete
+            os.rename(tmp, out)
+        except BaseException:
+            remove(tmp)
+            raise
     return out
 
 

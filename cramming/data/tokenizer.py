@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from ..errors import UserError
 from ..model_code import tokenizer_modules
 from ..registry import Registry
-from ..untrusted import check_tokenizer_files
+from ..untrusted import check_tokenizer_files, refuse_links_outside
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # The ids every tokenizer trained here gives them (what a model needs before any data exists, e.g. a dry run).
@@ -112,10 +112,11 @@ def load_pretrained_tokenizer(name: str, max_length: int) -> PreTrainedTokenizer
     """A Hugging Face tokenizer by hub name or local folder; it must have the BERT-style special tokens. A folder's
     tokenizer files are bounded in size, and no code that came with it is run (trust_remote_code=False)."""
     if Path(name).expanduser().is_dir():
+        refuse_links_outside(Path(name).expanduser(), f"data.tokenizer.kind={name}")
         check_tokenizer_files(Path(name).expanduser())
     try:
         tok = AutoTokenizer.from_pretrained(name, model_max_length=max_length, trust_remote_code=False)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError, TypeError, KeyError) as err:
         raise UserError(
             f"data.tokenizer.kind={name!r}: not a built-in kind ({', '.join(TOKENIZER_KINDS)}) and could not be "
             f"loaded as a Hugging Face tokenizer ({str(err).splitlines()[0]})"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from transformers import AutoModelForSequenceClassification
 
-from .finetune import Head, auto_model
+from .finetune import Head, auto_model, clipped
 from .tasks import TaskData
 
 
@@ -17,8 +17,8 @@ class Row:
 
 
 def encode_texts(tokenizer, examples, max_length: int) -> list[list[int]]:
-    firsts = [e.text_a for e in examples]
-    seconds = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
+    firsts = clipped([e.text_a for e in examples], max_length)
+    seconds = clipped([e.text_b for e in examples], max_length) if examples and examples[0].text_b is not None else None
     return tokenizer(firsts, seconds, truncation=True, max_length=max_length)["input_ids"]
 
 

@@ -72,6 +72,9 @@ def _read_rows(path: Path, text_fields: list[str], label_field: str) -> list[tup
         missing = [f for f in wanted if record.get(f) is None]
         if missing:
             raise UserError(f"{path} line {number}: missing field(s) {', '.join(missing)}")
+        if bad := next((f for f in wanted if not isinstance(record[f], str | int | float)), None):
+            raise UserError(f"{path} line {number}: field {bad!r} holds a {type(record[bad]).__name__}, not text or a "
+                            "number")
         texts = [str(record[f]).strip() for f in text_fields]
         if not all(texts):
             raise UserError(f"{path} line {number}: empty text in field {text_fields[texts.index('')]!r}")
@@ -132,8 +135,9 @@ def _classes(rows, index: dict[str, int], path) -> list[Example]:
     for number, texts, raw in rows:
         key = _label_key(raw)
         if key not in index:
-            raise UserError(f"{path} line {number}: label {key!r} does not occur in the train file "
-                            f"(train labels: {', '.join(index)})")
+            listed = ", ".join(list(index)[:10]) + (f", ... ({len(index):,} in all)" if len(index) > 10 else "")
+            raise UserError(f"{path} line {number}: label {key[:100]!r} does not occur in the train file "
+                            f"(train labels: {listed})")
         examples.append(Example(texts[0], texts[1] if len(texts) > 1 else None, index[key]))
     return examples
 

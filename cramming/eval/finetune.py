@@ -6,6 +6,7 @@ Batches are bucketed by length and padded only to the longest item of the batch,
 pay for 128 positions; dev passes run under inference_mode, shortest items first.
 """
 
+import copy
 import math
 import pickle
 import random
@@ -16,13 +17,14 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from transformers import AutoConfig, get_scheduler
+from transformers import CONFIG_MAPPING, AutoConfig, get_scheduler
+from transformers.configuration_utils import get_configuration_file
 
 from .. import model as crammed
 from ..errors import UserError
 from ..registry import Registry
 from ..train.checkpoint import check_crammed_config
-from ..untrusted import read_json
+from ..untrusted import inside, read_json
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
 
@@ -119,20 +121,36 @@ def collate(ids: list[list[int]], pad_id: int, device) -> dict:
     return {"input_ids": input_ids.to(device), "attention_mask": mask.to(device)}
 
 
+# No token is longer than this many characters (WordPiece gives up on words past 100, byte-level BPE's longest
+# tokens are shorter): a text cut at CHARS_PER_TOKEN x max_length keeps at least max_length tokens, so what
+# truncation keeps is the same, and the tokenizer never sees a text of megabytes (a task file's line may be 4 MiB;
+# a dozen of them made the tokenizer abort the process for lack of memory).
+CHARS_PER_TOKEN = 256
+
+
+def clipped(texts, max_length: int):
+    """Each text (None kept) cut to what truncation at max_length tokens can keep (CHARS_PER_TOKEN)."""
+    keep = CHARS_PER_TOKEN * max_length
+    return None if texts is None else [t if t is None or len(t) <= keep else t[:keep] for t in texts]
+
+
 def require_fast(tokenizer, user: str, why: str) -> None:
     """Offsets and word ids come only from a fast (Rust) tokenizer: `user` needs them for `why`."""
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"{user} needs a fast tokenizer ({why}); this checkpoint's is not")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Checkpoint:
     """A model folder that eval.py checked: loaded with this package's classes or transformers' own, importing
     nothing from the folder, unless it brings code that is not ours and the user allowed it (`remote_code`:
-    eval.trust_remote_code; docs/security.md). It stands for its path wherever one is printed or joined."""
+    eval.trust_remote_code; docs/security.md). Its config is read once (`pinned`), so every model built from it
+    is built from the config that was checked, whatever the folder holds by then. It stands for its path wherever
+    one is printed or joined."""
 
     path: Path
     remote_code: bool = False
+    pinned: dict | None = None  # config.json's content as checked (or the versioned config it names)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -148,9 +166,21 @@ class Checkpoint:
         """A Checkpoint as it is, or a folder's path as one with nothing to run of its own."""
         return checkpoint if isinstance(checkpoint, cls) else cls(Path(checkpoint))
 
+    def saved_config(self) -> dict:
+        """config.json as the checkpoint was checked: read (and kept) on first use."""
+        if self.pinned is None:
+            saved = read_json(self.path / "config.json", what="config.json")
+            if not isinstance(saved, dict):
+                raise UserError(f"checkpoint {self.path}: config.json is not a JSON object")
+            if isinstance(saved.get("configuration_files"), list):  # transformers' versioned configs: its choice
+                name = get_configuration_file(saved["configuration_files"])
+                if name != "config.json":
+                    saved = read_json(inside(self.path, name, f"{self.path / 'config.json'}"), what="config.json")
+            self.pinned = saved
+        return copy.deepcopy(self.pinned)
+
     def model_type(self) -> str | None:
-        saved = read_json(self.path / "config.json", what="config.json")
-        return saved.get("model_type") if isinstance(saved, dict) else None
+        return self.saved_config().get("model_type")
 
 
 def our_class(auto_class):
@@ -167,11 +197,18 @@ def load_config(checkpoint: Checkpoint, **changes):
     """The checkpoint's config: ours read by this package's CrammedConfig, an in-library one by transformers, and
     only with checkpoint.remote_code by the folder's own configuration code."""
     checkpoint = Checkpoint.of(checkpoint)
-    if not checkpoint.remote_code and checkpoint.model_type() == "crammed":
-        config = crammed.CrammedConfig.from_pretrained(checkpoint.path, **changes)
+    if checkpoint.remote_code:
+        return AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=True, **changes)
+    saved = checkpoint.saved_config()  # the config that was checked, not the folder's file as it is now
+    if saved.get("model_type") == "crammed":
+        config = crammed.CrammedConfig.from_dict(saved, **changes)
         check_crammed_config(checkpoint.path, config)  # its values of their kinds, its kernels portable
-        return config
-    return AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=checkpoint.remote_code, **changes)
+    elif saved.get("model_type") in CONFIG_MAPPING:
+        config = CONFIG_MAPPING[saved["model_type"]].from_dict(saved, **changes)
+    else:  # no model_type: transformers' own guess from the folder
+        return AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False, **changes)
+    config._name_or_path = str(checkpoint.path)  # as from_pretrained names it
+    return config
 
 
 def auto_model(auto_class, checkpoint: Checkpoint, random_init: bool, dropout: float | None = None, fit=None,

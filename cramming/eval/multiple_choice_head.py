@@ -26,7 +26,7 @@ from transformers import AutoModelForMultipleChoice
 from ..model.block import BLOCKS
 from ..model.positions import POSITIONS
 from .classifier_head import build_classifier
-from .finetune import Head, auto_model, collate
+from .finetune import Head, auto_model, clipped, collate
 
 
 @dataclass
@@ -53,8 +53,8 @@ def token_limit(config) -> int | None:
 def encode_choices(tokenizer, examples, max_length: int) -> list[list[list[int]]]:
     """Token ids of every (context, choice) pair, per example. The context is truncated (only_first); a pair whose
     choice alone fills max_length is cut on both sides (longest_first), as only_first cannot fit it."""
-    contexts = [e.context for e in examples for _ in e.choices]
-    choices = [c for e in examples for c in e.choices]
+    contexts = clipped([e.context for e in examples for _ in e.choices], max_length)
+    choices = clipped([c for e in examples for c in e.choices], max_length)
     room = max_length - tokenizer.num_special_tokens_to_add(pair=True)
     lengths = [len(ids) for ids in tokenizer(choices, add_special_tokens=False)["input_ids"]] if choices else []
     flat: list = [None] * len(choices)
@@ -127,8 +127,8 @@ class MultipleChoice(Choices):
 
 def encode_options(tokenizer, questions, max_length: int) -> list[list[list[int]]]:
     """Token ids of every (context, option) pair, per question; truncation cuts the context first."""
-    contexts = [q.context for q in questions for _ in q.options]
-    options = [o for q in questions for o in q.options]
+    contexts = clipped([q.context for q in questions for _ in q.options], max_length)
+    options = clipped([o for q in questions for o in q.options], max_length)
     ids = tokenizer(contexts, options, truncation="longest_first", max_length=max_length)["input_ids"]
     return per_question(ids, [len(q.options) for q in questions])
 

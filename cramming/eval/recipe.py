@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..hub import HubUnreachable, in_hub_cache
 from ..outputs import WriteFault, fault_reason
 from ..train.objectives import OBJECTIVES
+from ..untrusted import link_outside
 from .checkpoint import check_checkpoint, find_checkpoint
 from .config import EvalRunConfig, recipe_for
 from .finetune import Checkpoint, run_task, steps_per_run
@@ -38,6 +39,10 @@ def load_tasks(config: EvalRunConfig) -> tuple[list, dict[str, str]]:
     skipped and its reason kept (for smoke runs on partial glue_data folders); otherwise it is an error."""
     e = config.eval
     benchmark = BENCHMARKS[e.kind]
+    data_dir = Path(e.data_dir).expanduser() if e.data_dir else None
+    if data_dir is not None and data_dir.is_dir() and (link := link_outside(data_dir)) is not None:
+        raise UserError(f"eval.data_dir={e.data_dir}: {link} is a link leading outside it (to {link.resolve()}); a "
+                        "data folder's files must lie inside it: copy the file in")
     tasks, skipped = [], {}
     hub_down, causes = None, []  # once the hub fails, do not wait for its time-outs again for every other task
     for name in benchmark.trained(e):
@@ -237,6 +242,9 @@ def update_card(checkpoint: Checkpoint, entry: dict) -> str | None:
     folder = checkpoint.path
     if in_hub_cache(folder):
         return None  # a hub model's snapshot: the hub's, not ours (docs/evaluation.md, *Model card*)
+    card = folder / "README.md"
+    if (card.exists() or card.is_symlink()) and (card.is_symlink() or not card.is_file()):
+        return f"model card: {card} not updated (it is not a regular file); the scores are in results.json"
     try:
         written = add_evaluation(folder, entry, objective_head)
     except (OSError, UserError) as err:

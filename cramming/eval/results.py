@@ -1,6 +1,7 @@
 """Summaries of an evaluation: seed statistics, the GLUE table in the paper's column order, the CSV log."""
 
 import csv
+import os
 import statistics
 from pathlib import Path
 
@@ -57,6 +58,10 @@ TABLE_COLUMNS = ["finished_at", "checkpoint", "model"]  # a results table's firs
 def append_csv(path: Path, row: dict) -> None:
     """One row per evaluation; columns grow as new tasks appear (the file is rewritten then), under a lock, so the
     jobs of a sweep that share the table never lose each other's rows."""
+    if path.is_symlink():  # the user's link to a shared table: that table is the one updated
+        if not path.exists():
+            raise UserError(f"{path} is a link to nothing ({os.readlink(path)})")
+        path = path.resolve()
     with writing(path.parent, path.name), locked(path):  # a read-only or full folder: WriteFault, one line
         rows = []
         if path.exists():

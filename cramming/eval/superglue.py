@@ -69,8 +69,16 @@ def _field(row: dict, key: str, where: str):
     return row[key]
 
 
+def _text(row: dict, key: str, where: str) -> str:
+    """A text field of a row: a string (a number or a list someone wrote there is one line, not trained on)."""
+    value = _field(row, key, where)
+    if not isinstance(value, str):
+        raise UserError(f"{where}: field {key!r} holds a {type(value).__name__}, not text")
+    return value
+
+
 def _pairs(first: str, second: str, rows):
-    return [Example(str(_field(r, first, w)), str(_field(r, second, w)), r["label"]) for r, w in rows]
+    return [Example(_text(r, first, w), _text(r, second, w), r["label"]) for r, w in rows]
 
 
 def _wic(rows):

@@ -99,8 +99,10 @@ def fill_blank(question: str, option: str) -> str:
 
 
 def race_question(article: str, question, options, answer, level: str, where: str) -> ChoiceExample:
-    if not isinstance(options, list):
-        raise UserError(f"{where}: options {options!r} is not a list of 4 strings")
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        raise UserError(f"{where}: options {options!r:.200} is not a list of 4 strings")
+    if not isinstance(question, str):
+        raise UserError(f"{where}: the question holds a {type(question).__name__}, not text")
     if len(options) != 4:
         raise UserError(f"{where}: {len(options)} options, expected 4")
     if answer not in tuple(LETTERS):
@@ -121,7 +123,9 @@ def read_race_file(path: Path, level: str) -> list[ChoiceExample]:
             not len(questions) == len(options) == len(answers):
         q, o, a = (len(v) if isinstance(v, list) else type(v).__name__ for v in (questions, options, answers))
         raise UserError(f"{path}: {q} questions, {o} option lists and {a} answers: expected lists of one length")
-    return [race_question(str(record["article"]), q, o, a, level, f"{path} question {i + 1}")
+    if not isinstance(record["article"], str):
+        raise UserError(f"{path}: the article holds a {type(record['article']).__name__}, not text")
+    return [race_question(record["article"], q, o, a, level, f"{path} question {i + 1}")
             for i, (q, o, a) in enumerate(zip(questions, options, answers))]
 
 

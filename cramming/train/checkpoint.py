@@ -264,6 +264,9 @@ def check_crammed_config(path: Path, config) -> None:
         names = value if isinstance(value, list) else [value]
         if bad := next((n for n in names if n not in registry and n not in extra), None):
             raise UserError(f"{where}: {key}={bad!r} is no option this cramming has")
+    if not 0 <= typed.value_embeddings <= typed.num_layers // 2:  # tables for the first and last k layers
+        raise UserError(f"{where}: value_embeddings={typed.value_embeddings} is invalid: must be in "
+                        f"[0, num_layers / 2 = {typed.num_layers // 2}]")
     vocab = getattr(config, "vocab_size", None)
     ids = {k: getattr(config, f"{k}_token_id", None) for k in ("pad", "cls", "sep", "mask")}
     if not isinstance(vocab, int) or vocab < 1 or any(not isinstance(i, int) or not 0 <= i < vocab
