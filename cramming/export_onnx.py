@@ -63,7 +63,7 @@ def load_for_export(folder: Path, trust_remote_code: bool = False):
 def example(config, batch: int, seq: int, padded_rows: int = 1, seed: int = 0) -> dict:
     """input_ids and an attention mask, the first `padded_rows` rows padded on the right to half their length."""
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, config.vocab_size, (batch, seq), generator=generator)
+    ids = torch.randint(min(5, config.vocab_size - 1), config.vocab_size, (batch, seq), generator=generator)  # past the specials
     mask = torch.ones_like(ids)
     mask[:padded_rows, seq // 2:] = 0
     return {"input_ids": ids.masked_fill(mask == 0, config.pad_token_id), "attention_mask": mask}

@@ -198,6 +198,8 @@ def read_json(path: Path, limit: int = JSON_LIMIT, what: str = "JSON file"):
         raise UserError(f"{path} line {err.lineno:,}: not valid JSON ({err.msg} at column {err.colno})") from None
     except RecursionError:
         raise UserError(f"{path}: nested too deeply to be a {what}") from None
+    except ValueError as err:  # a number of thousands of digits (Python's int conversion limit), ...
+        raise UserError(f"{path}: not a {what} ({str(err).split(';')[0][:150]})") from None
 
 
 def read_json_object(path: Path, limit: int = JSON_LIMIT, what: str = "JSON file") -> dict:

@@ -684,3 +684,16 @@ def test_texts_are_cut_to_what_truncation_can_keep_before_they_are_tokenized(sou
     assert len(clipped([long], 32)[0]) == CHARS_PER_TOKEN * 32 and clipped(None, 32) is None
     whole = tokenizer([long[:100_000]], truncation=True, max_length=32)["input_ids"]
     assert encode_texts(tokenizer, [Example(long, None, 0)], 32) == whole
+
+
+def test_a_number_of_thousands_of_digits_in_json_is_one_line(tmp_path):
+    """Python refuses to convert integers of more than 4,300 digits: a JSON file holding one is one line."""
+    from cramming.eval.files import json_objects
+    from cramming.untrusted import read_json
+
+    (tmp_path / "config.json").write_text('{"vocab_size": ' + "9" * 5000 + "}")
+    with pytest.raises(UserError, match="config.json: not a JSON file"):
+        read_json(tmp_path / "config.json")
+    (tmp_path / "rows.jsonl").write_text('{"label": ' + "9" * 5000 + "}\n")
+    with pytest.raises(UserError, match="rows.jsonl line 1: not a JSON row"):
+        list(json_objects(tmp_path / "rows.jsonl"))

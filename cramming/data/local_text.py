@@ -159,6 +159,9 @@ def iter_json_lines(path: Path, field: str, encoding: str, errors: str) -> Itera
                                     f"{err.colno}); fix or remove that line") from None
                 except RecursionError:
                     raise UserError(f"data file {path} line {number:,} nests too deeply to be a row") from None
+                except ValueError as err:  # a number of thousands of digits: Python's int conversion limit
+                    raise UserError(f"data file {path} line {number:,} is not a row "
+                                    f"({str(err).split(';')[0][:150]})") from None
                 yield _text_of(row, field, path, f"line {number:,}")
         except UnicodeDecodeError:
             raise _decode_error(path, encoding) from None
@@ -175,6 +178,8 @@ def iter_json_array(path: Path, field: str, encoding: str, errors: str) -> Itera
                         f"({err.msg})") from None
     except RecursionError:
         raise UserError(f"data file {path} nests too deeply to be an array of rows") from None
+    except ValueError as err:
+        raise UserError(f"data file {path} is not an array of rows ({str(err).split(';')[0][:150]})") from None
     for index, row in enumerate(rows if isinstance(rows, list) else [rows]):
         yield row if isinstance(row, str) else _text_of(row, field, path, f"item {index:,}")
 

@@ -30,6 +30,9 @@ def json_objects(path: Path, place: str = "{path} line {number}") -> Iterator[tu
             raise UserError(f"{place.format(path=path, number=number)}: not valid JSON ({err.msg})") from None
         except RecursionError:
             raise UserError(f"{place.format(path=path, number=number)}: nested too deeply") from None
+        except ValueError as err:  # a number of thousands of digits: Python's int conversion limit
+            raise UserError(f"{place.format(path=path, number=number)}: not a JSON row ({str(err).split(';')[0][:150]})"
+                            ) from None
         if not isinstance(record, dict):
             raise UserError(f"{place.format(path=path, number=number)}: expected a JSON object, got "
                             f"{type(record).__name__}")

@@ -131,6 +131,8 @@ def read_squad_file(path: Path, version: int) -> list[SquadExample]:
         raise UserError(f"{path} line {err.lineno}: not JSON ({err.msg}, column {err.colno})") from None
     except RecursionError:
         raise UserError(f"{path}: nests too deeply to be a SQuAD file") from None
+    except ValueError as err:  # a number of thousands of digits: Python's int conversion limit
+        raise UserError(f"{path}: not a SQuAD file ({str(err).split(';')[0][:150]})") from None
     return parse_squad(document, version, Where(str(path), raw))
 
 

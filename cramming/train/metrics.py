@@ -97,7 +97,7 @@ def whole_lines(path: Path) -> list[str]:
             if number == len(lines):
                 return lines[:-1]
             record = None
-        except RecursionError:
+        except (RecursionError, ValueError):
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
             raise UserError(f"{path}: line {number} of {len(lines)} is not a metrics record ({line[:60]!r}); delete "
