@@ -4,7 +4,7 @@
     python scripts/record.py --smoke          # seconds-sized, tiny sizes: the same path, numbers meaning nothing
 
 Stages, each skipped when its output is already complete (run the same command again after an interruption):
-  1. corpus    the embedded python-docs corpus plus the shared prose (../shared/data), linked into <out>/corpus/
+  1. corpus    the embedded python-docs corpus plus the shared prose (../shared/data), placed in <out>/corpus/ (hard links or copies: a data folder's links out are refused)
   2. prepare   one tokenizer and one set of token sequences for both pretraining runs
   3. pretrain  ours (pretrain.py, arch=crammed-bert-micro, Cramming's recipe) and Hugging Face's
                (scripts/record_hf.py: BertForMaskedLM of equal parameters, run_mlm.py's recipe) for the same
@@ -75,6 +75,15 @@ class State:
         write_atomic(self.path, json.dumps(self.data, indent=2))
 
 
+def place(source: Path, target: Path) -> None:
+    """The file in the corpus folder itself (a hard link where the file system allows, else a copy): a data folder's
+    files must lie inside it (docs/security.md), so a link to the shared data would be refused."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def stage_corpus(args, state: State) -> None:
     """Links, not copies: the shared data stays where it is."""
     from types import SimpleNamespace
@@ -91,10 +100,10 @@ def stage_corpus(args, state: State) -> None:
     docs = PythonDocs(SimpleNamespace(max_chars=cap), REPO / ".cache" / "cramming")
     if not docs.corpus.exists():
         build_corpus(docs.corpus, max_chars=cap)
-    (corpus / "python-docs.jsonl").symlink_to(docs.corpus)
+    place(docs.corpus, corpus / "python-docs.jsonl")
     prose = [f for pattern in (PROSE[1:2] if args.smoke else PROSE) for f in sorted(args.shared.glob(pattern))]
     for i, path in enumerate(prose):
-        (corpus / f"{i:03d}-{path.parent.name}-{path.name}").symlink_to(path.resolve())
+        place(path.resolve(), corpus / f"{i:03d}-{path.parent.name}-{path.name}")
     chars = {"python-docs": docs.corpus.stat().st_size, "prose": sum(p.stat().st_size for p in prose)}
     say(f"corpus: python-docs {chars['python-docs'] / 1e6:.1f} MB + {len(prose)} prose files "
         f"{chars['prose'] / 1e6:.1f} MB")
