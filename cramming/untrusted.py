@@ -215,13 +215,14 @@ def read_json_object(path: Path, limit: int = JSON_LIMIT, what: str = "JSON file
 def plain_data(value, where: str) -> None:
     """Refuse a value read from a folder that OmegaConf would resolve (`${oc.env:SECRET}`, `${...}`): a folder
     is data, and resolving it could read the environment into a message or a run. The value is not echoed."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            plain_data(key, f"{where} (a key)")
-            plain_data(item, f"{where}.{key}")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            plain_data(item, f"{where}[{index}]")
-    elif isinstance(value, str) and "${" in value:
-        raise UserError(f"{where} holds an interpolation (${{...}}), which cramming never writes there and never "
-                        "resolves from a folder; the folder was not used")
+    todo = [(where, value)]  # a stack of its own: a folder's data may nest deeper than Python's recursion allows
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, dict):
+            todo += [(f"{where} (a key)", key) for key in value]
+            todo += [(f"{where}.{key}" if len(where) < 200 else where, item) for key, item in value.items()]
+        elif isinstance(value, list | tuple):
+            todo += [(f"{where}[{i}]" if len(where) < 200 else where, item) for i, item in enumerate(value)]
+        elif isinstance(value, str) and "${" in value:
+            raise UserError(f"{where} holds an interpolation (${{...}}), which cramming never writes there and never "
+                            "resolves from a folder; the folder was not used")

@@ -697,3 +697,25 @@ def test_a_number_of_thousands_of_digits_in_json_is_one_line(tmp_path):
     (tmp_path / "rows.jsonl").write_text('{"label": ' + "9" * 5000 + "}\n")
     with pytest.raises(UserError, match="rows.jsonl line 1: not a JSON row"):
         list(json_objects(tmp_path / "rows.jsonl"))
+
+
+def test_saved_state_nested_deeper_than_python_recurses_is_walked(tmp_path):
+    """A state.pt whose lists nest 5,000 deep (a pickle loads it) is checked without recursion, its view found."""
+    from cramming.untrusted import plain_data
+
+    deep = inner = []
+    for _ in range(5000):
+        inner.append([])
+        inner = inner[0]
+    inner.append(torch.zeros(1).expand(1000))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)  # torch.save pickles by recursion: the attacker's writer is allowed more
+    try:
+        torch.save({"state": deep}, tmp_path / "state.pt")
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(UserError, match="is a view of 1,000 elements"):
+        load_saved(tmp_path / "state.pt")
+    inner.append("${oc.env:HOME}")
+    with pytest.raises(UserError, match="holds an interpolation"):
+        plain_data(deep, "config")

@@ -231,7 +231,7 @@ def auto_model(auto_class, checkpoint: Checkpoint, random_init: bool, dropout: f
         if random_init:
             return auto_class.from_config(config, trust_remote_code=trust)
         return auto_class.from_pretrained(checkpoint.path, config=config, trust_remote_code=trust)
-    except (OSError, ValueError, RuntimeError, TypeError, KeyError, pickle.UnpicklingError) as err:
+    except (OSError, ValueError, RuntimeError, TypeError, KeyError, MemoryError, pickle.UnpicklingError) as err:
         # what the checks before could not see (a pickled pytorch_model.bin that asks for code, weights that do
         # not fit): the checkpoint's, in one line
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)

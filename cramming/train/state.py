@@ -137,14 +137,19 @@ def load_saved(path: Path) -> dict:
 
 def strided_view(saved, where: str = "state") -> tuple[str, int, int] | None:
     """(where, elements, stored bytes) of the first tensor of a loaded file whose elements do not fit in the bytes
-    its storage holds (a zero-stride or overlapping view: small on disk, huge once anything copies it), or None."""
-    if isinstance(saved, torch.Tensor):
-        stored = saved.untyped_storage().nbytes()
-        needed = (saved.storage_offset() + saved.numel()) * saved.element_size()
-        repeats = any(step == 0 for step, size in zip(saved.stride(), saved.shape, strict=True) if size > 1)
-        return (where, saved.numel(), stored) if saved.numel() and (needed > stored or repeats) else None
-    items = saved.items() if isinstance(saved, dict) else enumerate(saved) if isinstance(saved, list | tuple) else ()
-    for key, value in items:
-        if (found := strided_view(value, f"{where}[{key!r}]")) is not None:
-            return found
+    its storage holds (a zero-stride or overlapping view: small on disk, huge once anything copies it), or None.
+    Walked with a stack of its own: a file may nest its containers deeper than Python's recursion allows."""
+    todo = [(where, saved)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, torch.Tensor):
+            stored = value.untyped_storage().nbytes()
+            needed = (value.storage_offset() + value.numel()) * value.element_size()
+            repeats = any(step == 0 for step, size in zip(value.stride(), value.shape, strict=True) if size > 1)
+            if value.numel() and (needed > stored or repeats):
+                return where, value.numel(), stored
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) \
+            else ()
+        todo += reversed([(f"{where}[{key!r}]" if len(where) < 200 else where, item) for key, item in items])
     return None
