@@ -140,6 +140,22 @@ def test_the_causal_lm_takes_shift_labels_and_both_cache_names():
     torch.testing.assert_close(step.logits[:, -1], model(ids[:, :7]).logits[:, -1], rtol=1e-5, atol=1e-5)
 
 
+def test_the_trainer_evaluates_a_causal_lm_whose_batches_carry_only_labels(tmp_path):
+    """run_clm.py's batches hold `labels` only: the Trainer expects every forward argument named *label* in them
+    (find_labels), and without all of them computes no eval_loss."""
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import find_labels
+
+    assert find_labels(CrammedForCausalLM) == ["labels"]
+    model = build(CrammedForCausalLM, causal=True)
+    ids, _ = batch(rows=4)
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=2, report_to=[], use_cpu=True)
+    metrics = Trainer(model=model, args=args, eval_dataset=data).evaluate()
+    expected = model(ids, labels=ids).loss.item()
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-4)
+
+
 @pytest.mark.parametrize("problem, labels, loss", [
     ("multi_label_classification", torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]),
      lambda logits, labels: F.binary_cross_entropy_with_logits(logits, labels)),

@@ -391,14 +391,17 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, use_cache=None, logits_to_keep=0,
                 position_ids=None, inputs_embeds=None, cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, document_ids=None, shift_labels=None, num_items_in_batch=None,
-                past_key_values=None, **kwargs) -> CausalLMOutputWithPast:
+                return_dict=None, document_ids=None, num_items_in_batch=None, past_key_values=None,
+                **kwargs) -> CausalLMOutputWithPast:
         """With `use_cache=True` or a cache given (`cache`, or its older name past_key_values), the cache is filled
         and returned; input_ids are then the tokens after the cached ones. logits_to_keep: the last positions whose
         logits are computed (0: all); generate asks for 1, sparing the vocabulary projection of every other position,
         with or without a cache. labels: position t is scored against labels[t + 1], as transformers' causal LMs do;
-        shift_labels: the targets already aligned with the positions (labels is then not shifted, nor needed).
+        shift_labels (a keyword, through **kwargs as in transformers' causal LMs: the Trainer takes every forward
+        argument named *label* for a label the batches must carry, and without it computes no eval_loss): the
+        targets already aligned with the positions (labels is then not shifted, nor needed).
         The rest: CrammedModel.forward's."""
+        shift_labels = kwargs.get("shift_labels")
         cache = self.cache_to_use(given_cache(cache, past_key_values), use_cache)
         out = self.encoder(input_ids, attention_mask, cache=cache, position_ids=position_ids,
                            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
