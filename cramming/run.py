@@ -27,7 +27,8 @@ from .train.recompute import recompute_blocks
 
 
 def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime):
-    """The objective's Hugging Face model for `arch`, with the runtime's kernels named in its config."""
+    """The objective's Hugging Face model for `arch`, with the runtime's kernels named in its config. A causal
+    config names its bos and eos ids as transformers' causal LMs do (the Trainer rewrites one that does not)."""
     config = CrammedConfig(
         **vars(arch),
         vocab_size=vocab_size,
@@ -40,6 +41,8 @@ def build_model(arch, vocab_size: int, special_ids: dict, runtime: impl_.Runtime
         mask_token_id=special_ids["mask"],
         causal=OBJECTIVES.trait(arch.objective, "causal"),
     )
+    if config.causal:  # each training row opens with [CLS] and each document closes with [SEP] (data/prepare.py)
+        config.bos_token_id, config.eos_token_id = special_ids["cls"], special_ids["sep"]
     return OBJECTIVES[arch.objective].head(config)
 
 

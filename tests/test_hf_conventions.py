@@ -156,6 +156,28 @@ def test_the_trainer_evaluates_a_causal_lm_whose_batches_carry_only_labels(tmp_p
     assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-4)
 
 
+def test_a_causal_checkpoint_names_its_tokenizers_bos_and_eos_in_both_configs(causal_checkpoint):
+    """transformers' causal LMs name bos and eos in config.json; without them the Trainer given the checkpoint's
+    tokenizer rewrites the config and generation config, with a warning."""
+    import json
+    from unittest import mock
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, trainer_utils
+
+    tok = AutoTokenizer.from_pretrained(causal_checkpoint)
+    config = json.loads((causal_checkpoint / "config.json").read_text())
+    generation = json.loads((causal_checkpoint / "generation_config.json").read_text())
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}
+    assert ids == {"bos_token_id": tok.cls_token_id, "eos_token_id": tok.sep_token_id}  # what training used
+    assert {key: config.get(key) for key in ids} == ids
+    assert {key: generation.get(key) for key in ids} == ids
+    model = AutoModelForCausalLM.from_pretrained(causal_checkpoint, trust_remote_code=True)
+    with mock.patch.object(trainer_utils.logger, "warning") as warned:
+        trainer_utils.align_special_tokens(model, tok)  # what the Trainer does with processing_class=tok
+    assert not warned.called, warned.call_args
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+
+
 @pytest.mark.parametrize("problem, labels, loss", [
     ("multi_label_classification", torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]),
      lambda logits, labels: F.binary_cross_entropy_with_logits(logits, labels)),

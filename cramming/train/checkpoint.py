@@ -94,6 +94,9 @@ def write_model_folder(model, tokenizer, summary: dict, tmp: Path) -> None:
     """Everything a model folder holds, train_summary.json last, into the new folder `tmp`."""
     model = Engine.unwrap(model)
     model.config.auto_map = auto_map_of(model)  # the Auto classes this objective's checkpoint serves
+    if model.config.causal:  # prompts without a closing [SEP], decoded with their spaces
+        tokenizer = for_generation(tokenizer)
+        name_generation_tokens(model, tokenizer)
     in_use = {key: getattr(model.config, key) for key in PORTABLE_KERNELS}
     try:
         for key, portable in PORTABLE_KERNELS.items():
@@ -104,14 +107,21 @@ def write_model_folder(model, tokenizer, summary: dict, tmp: Path) -> None:
     finally:
         for key, value in in_use.items():
             setattr(model.config, key, value)
-    if model.config.causal:  # prompts without a closing [SEP], decoded with their spaces
-        tokenizer = for_generation(tokenizer)
     tokenizer.save_pretrained(tmp)
     write_card(tmp, summary, type(model))  # README.md: the model card the hub shows
     with open(tmp / SUMMARY, "w") as fh:
         json.dump(summary, fh, indent=2)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def name_generation_tokens(model, tokenizer) -> None:
+    """A causal checkpoint's config and generation config name the bos and eos ids of the tokenizer it ships, as
+    transformers' causal LMs do: the Trainer otherwise rewrites both, with a warning, when given that tokenizer."""
+    for name in ("bos_token_id", "eos_token_id"):
+        setattr(model.config, name, getattr(tokenizer, name))
+        if getattr(model, "generation_config", None) is not None:  # a head that generates
+            setattr(model.generation_config, name, getattr(tokenizer, name))
 
 
 @contextmanager
