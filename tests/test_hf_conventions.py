@@ -304,3 +304,33 @@ def test_fill_mask_refuses_a_causal_checkpoint_by_transformers_own_check(causal_
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_after_an_mlm_checkpoint_a_causal_one_is_refused_as_a_masked_lm(causal_checkpoint, smoke_checkpoint):
+    """Loading an MLM checkpoint registers our config class for masked LMs in that process: a causal checkpoint
+    loaded next as one would get an untrained MLM head. CrammedForMaskedLM refuses a causal config in one line.
+    A fresh interpreter, so the order the suite's files run in decides nothing."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        from transformers import AutoModelForMaskedLM, pipeline
+        AutoModelForMaskedLM.from_pretrained({str(smoke_checkpoint)!r}, trust_remote_code=True)
+        want = ("this checkpoint was trained with objective 'clm', whose attention is causal: it has no masked-LM "
+                "head; load it with AutoModelForCausalLM")
+        try:
+            AutoModelForMaskedLM.from_pretrained({str(causal_checkpoint)!r}, trust_remote_code=True)
+        except ValueError as err:
+            assert str(err) == want, err
+        else:
+            raise SystemExit("AutoModelForMaskedLM took a causal checkpoint")
+        try:
+            pipeline("fill-mask", model={str(causal_checkpoint)!r}, trust_remote_code=True)
+        except ValueError as err:
+            assert want in str(err), err  # transformers' pipeline quotes the error of each class it tried
+        else:
+            raise SystemExit("fill-mask took a causal checkpoint")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -86,13 +86,14 @@ def test_cli_error_for_triton_without_a_gpu(tmp_path, monkeypatch):
 
 def tiny_pair(**arch):
     """Two copies of one small model: Triton kernels and PyTorch paths."""
-    from cramming.model import CrammedConfig, CrammedForMaskedLM
+    from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 
     base = dict(vocab_size=61, hidden_size=32, num_layers=2, num_heads=2, ffn_size=64, max_seq_length=24,
                 init_std=0.2, hidden_dropout=0.0, attention_dropout=0.0, **arch)
+    head = CrammedForCausalLM if arch.get("objective") == "clm" else CrammedForMaskedLM
     torch.manual_seed(0)
-    reference = CrammedForMaskedLM(CrammedConfig(**base, attention_impl="sdpa", rotary_impl="torch"))
-    fused = CrammedForMaskedLM(CrammedConfig(**base, attention_impl="triton", rotary_impl="triton"))
+    reference = head(CrammedConfig(**base, attention_impl="sdpa", rotary_impl="torch"))
+    fused = head(CrammedConfig(**base, attention_impl="triton", rotary_impl="triton"))
     fused.load_state_dict(reference.state_dict())
     return reference, fused
 

@@ -262,6 +262,8 @@ def test_causal_loss_is_next_token_cross_entropy():
         torch.testing.assert_close(g, e)
     with pytest.raises(ValueError, match="AutoModelForMaskedLM"):
         CrammedForCausalLM(tiny(objective="mlm"))
+    with pytest.raises(ValueError, match="causal: it has no masked-LM head; load it with AutoModelForCausalLM"):
+        CrammedForMaskedLM(tiny(objective="clm"))
 
 
 def test_causal_classifier_pools_the_last_real_token():

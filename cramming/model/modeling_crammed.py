@@ -275,6 +275,9 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
     extra_auto_map = {"AutoModelForMaskedLM": "modeling_crammed.CrammedForMaskedLM"}
 
     def __init__(self, config: CrammedConfig):
+        if config.causal:  # an MLM head on it would be untrained (a process that loaded an MLM checkpoint maps ours)
+            raise ValueError(f"this checkpoint was trained with objective {config.objective!r}, whose attention is "
+                             "causal: it has no masked-LM head; load it with AutoModelForCausalLM")
         super().__init__(config)
         self.encoder = CrammedModel(config)
         # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (stacks.py)
