@@ -39,18 +39,21 @@ def test_the_checkpoint_has_a_card_saying_what_made_it(checkpoint):
 
 
 def test_eval_adds_its_scores_to_the_card(checkpoint, tmp_path):
-    with open(tmp_path / "t.csv", "w", newline="") as fh:
+    (tmp_path / "parity-words").mkdir()
+    with open(tmp_path / "parity-words" / "t.csv", "w", newline="") as fh:
         csv.writer(fh).writerows([("text", "label"), *[(f"word number {i}", i % 2) for i in range(20)]])
-    evaluate_in_process(f"checkpoint={checkpoint}", "eval=custom", f"eval.train_file={tmp_path}/t.csv",
-                        f"eval.dev_file={tmp_path}/t.csv", "impl=cpu", "eval.recipe.epochs=1", tmp_path=tmp_path)
+    data = tmp_path / "parity-words"
+    evaluate_in_process(f"checkpoint={checkpoint}", "eval=custom", f"eval.train_file={data}/t.csv",
+                        f"eval.dev_file={data}/t.csv", "impl=cpu", "eval.recipe.epochs=1", tmp_path=tmp_path)
     card = (checkpoint / "README.md").read_text()
     scores = json.loads((checkpoint / "eval_results.json").read_text())[-1]["scores"]
     assert "Not evaluated yet" not in card and "| custom |" in card
     assert f"| {scores['custom']:.1f} |" in card
     front_matter(card)  # still a valid card
-    # what was evaluated, by what it is: the kind, the data's file name (never the path), the metric, comparability
+    # what was evaluated, by what it is: the kind, the data's folder by its name (never the path) and its files, the
+    # metric, comparability
     assert "### your own task (`eval=custom`), 1 seed(s), median" in card and "GLUE" not in card
-    assert "- custom: train=t.csv dev=t.csv, metric accuracy" in card
+    assert "- custom: parity-words (train=t.csv, dev=t.csv), metric accuracy" in card
     assert "- comparable to published scores: no" in card
     assert str(tmp_path) not in card
 

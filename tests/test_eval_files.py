@@ -3,8 +3,10 @@ lines skipped, a line that is not a JSON object named by file and line in the wo
 
 import pytest
 
+from cramming.card import without_paths
 from cramming.errors import UserError
-from cramming.eval.files import json_objects, require_files
+from cramming.eval.custom import load_custom_task
+from cramming.eval.files import files_source, json_objects, require_files
 
 
 def test_objects_come_with_their_line_numbers_and_blank_lines_are_skipped(tmp_path):
@@ -34,3 +36,15 @@ def test_the_first_missing_file_is_named_before_any_is_read(tmp_path):
     with pytest.raises(UserError) as err:
         require_files("rte", [present, missing, later], "hold the original glue_data/ files")
     assert str(err.value) == f"rte: missing {missing}; eval.data_dir must hold the original glue_data/ files"
+
+
+def test_a_tasks_files_are_named_by_their_folder_which_the_card_keeps(tmp_path):
+    """The model card keeps a path's last part: a task's data must be named by its folder, not as train.csv."""
+    (tmp_path / "reviews").mkdir()
+    (tmp_path / "reviews" / "train.csv").write_text("text,label\na,0\nb,1\n")
+    (tmp_path / "reviews" / "dev.csv").write_text("text,label\nc,0\n")
+    task = load_custom_task(str(tmp_path / "reviews" / "train.csv"), str(tmp_path / "reviews" / "dev.csv"),
+                            ["text"], "label")
+    assert without_paths(task.source) == "reviews (train=train.csv, dev=dev.csv)"
+    apart = files_source(tmp_path / "a" / "train.csv", tmp_path / "b" / "dev.csv")
+    assert without_paths(apart) == "train=a (train.csv), dev=b (dev.csv)"

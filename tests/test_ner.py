@@ -109,6 +109,7 @@ def test_labels_are_o_then_both_prefixes_of_every_train_type(tmp_path):
     write(tmp_path, "train.txt", TRAIN)  # IOB1: only I- tags
     write(tmp_path, "valid.txt", "Peter B-PER\n")  # a B- the train file never writes is still a label
     task = load_ner_task("conll2003", str(tmp_path))
+    assert task.source == f"{tmp_path} (train=train.txt, dev=valid.txt)"  # the folder: the card keeps its name
     assert task.label_names == ["O", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     assert task.head == "tokens" and task.main_metric == "f1" and list(task.dev) == ["dev"]
     assert task.scorer("dev", [["O"]], task.dev["dev"])["recall"] == 0.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError, check, check_choice
 from ..untrusted import text_lines
-from .files import json_objects
+from .files import files_source, json_objects
 from .tasks import Example, TaskData
 
 TASK_TYPES = ("classification", "regression")
@@ -34,7 +34,7 @@ def load_custom_task(train_file: str, dev_file: str, text_fields: list[str], lab
         task_type = "regression" if fractional else "classification"
     if task_type == "regression":
         return TaskData("custom", _scores(train, train_file), {"dev": _scores(dev, dev_file)}, None,
-                        ["pearson", "spearman"], "pearson", f"train={train_file} dev={dev_file}")
+                        ["pearson", "spearman"], "pearson", files_source(train_file, dev_file))
     label_names = _label_names([raw for _, _, raw in train])
     if len(label_names) < 2:
         raise UserError(f"{train_file}: a classification task needs at least two labels, found {label_names}")
@@ -44,7 +44,7 @@ def load_custom_task(train_file: str, dev_file: str, text_fields: list[str], lab
     index = {name: i for i, name in enumerate(label_names)}
     metrics = ["accuracy", "f1", "matthews"] if len(label_names) == 2 else ["accuracy", "matthews"]
     return TaskData("custom", _classes(train, index, train_file), {"dev": _classes(dev, index, dev_file)},
-                    label_names, metrics, "accuracy", f"train={train_file} dev={dev_file}")
+                    label_names, metrics, "accuracy", files_source(train_file, dev_file))
 
 
 def read(name: str, e) -> TaskData:

@@ -11,6 +11,15 @@ from ..hub import hub_dataset
 from ..untrusted import text_lines
 
 
+def files_source(train_file, dev_file) -> str:
+    """Where a task's train and dev files are, as results.json and the model card say it: their folder first (the
+    card keeps a path's last part, and a file's name, train.csv, says nothing of the data), then the files."""
+    train, dev = Path(train_file).absolute(), Path(dev_file).absolute()
+    if train.parent == dev.parent:
+        return f"{train.parent} (train={train.name}, dev={dev.name})"
+    return f"train={train.parent} ({train.name}), dev={dev.parent} ({dev.name})"
+
+
 def require_files(task: str, paths: Iterable[Path], must: str) -> None:
     """`must`: what eval.data_dir must be or hold, for the message."""
     for path in paths:

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..hub import hub_dataset
 from ..untrusted import text_lines
+from .files import files_source
 from .ner_metrics import entity_scores, valid_tag
 from .tasks import TaskData
 
@@ -108,7 +109,7 @@ def _load_local(task: str, folder: Path):
         raise UserError(f"eval.data_dir={folder}: no such folder; give a folder with CoNLL-format train and dev files "
                         f"({TRAIN_FILES[0]}, {DEV_FILES[0]})")
     train_path, dev_path = _find(folder, TRAIN_FILES, "train", task), _find(folder, DEV_FILES, "dev", task)
-    return read_conll(train_path), read_conll(dev_path), str(train_path), f"train={train_path} dev={dev_path}"
+    return read_conll(train_path), read_conll(dev_path), str(train_path), files_source(train_path, dev_path)
 
 
 def _load_hub(task: str):
