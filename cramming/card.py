@@ -33,8 +33,11 @@ def card_text(summary: dict, evaluations: list[dict] = (), head=None) -> str:
     arch = config["arch"]
     objective = arch["objective"]
     pipeline, loader = getattr(head, "pipeline_tag", None), getattr(head, "_auto_class", None) or "AutoModel"
+    exported_as = summary.get("exported_as")  # transformers' own class (export_families.py): no remote code
+    remote = "" if exported_as else ", trust_remote_code=True"
     front = ["---", "library_name: transformers", *([f"pipeline_tag: {pipeline}"] if pipeline else []),
-             "tags:", "- cramming", f"- {objective}", "- custom_code", "---", ""]
+             "tags:", "- cramming", f"- {objective}", "- custom_code" if not exported_as else f"- {exported_as}",
+             "---", ""]
     source = config["data"]["source"] + (f" ({without_paths(config['data']['path'])})" if config["data"].get("path")
                                          else "")
     started = (f"; started from the weights of `{without_paths(summary['init_from'])}`" if summary.get("init_from")
@@ -61,8 +64,10 @@ def card_text(summary: dict, evaluations: list[dict] = (), head=None) -> str:
         loss,
         "", "## How it was made", "", "```bash", without_paths(summary.get("command") or "(not recorded)"), "```", "",
         "## Use", "", "```python", f"from transformers import AutoTokenizer, {loader}",
-        "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
-        f"model = {loader}.from_pretrained(path, trust_remote_code=True)", "```", "",
+        f"tok = AutoTokenizer.from_pretrained(path{remote})",
+        f"model = {loader}.from_pretrained(path{remote})", "```", "",
+        *([(f"Written as transformers' own `{exported_as}` (`python -m cramming.export --as`): it loads without "
+            "remote code."), ""] if exported_as else []),
     ]
     return "\n".join(front + lines + evaluation_lines(evaluations))
 

@@ -16,7 +16,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .data.tokenizer import read_tokenizer
 from .errors import UserError, exit_on_user_error
+from .export_families import export_as, fits_lines
 from .export_onnx import TOLERANCE, export_onnx
+from .families import FAMILIES
+from .families import TOLERANCE as FAMILIES_TOLERANCE
 from .impl import Runtime
 from .model.arch import ArchConfig
 from .run import build_model, count_parameters
@@ -53,6 +56,12 @@ def export_step(step: Path, out: Path | None = None) -> Path:
     out = Path(out) if out is not None else step.parent.parent / "exported" / step.name
     if problem := output_problem(step, out):
         raise UserError(problem)
+    model, tokenizer, summary = step_model(step)
+    return save_checkpoint(model, tokenizer, summary, out.absolute().parent, out.absolute().name)
+
+
+def step_model(step: Path):
+    """(the model a step folder holds, its tokenizer, the train summary of a checkpoint at that step)."""
     saved, config = read_step(step)
     arch = saved_arch(config, step / "state.pt")
     tokenizer = read_tokenizer(step / "tokenizer", f"step folder {step}")
@@ -73,7 +82,7 @@ def export_step(step: Path, out: Path | None = None) -> Path:
                "elapsed_seconds": state["elapsed"], "val_loss": None,
                "untrained_val_loss": state["untrained"].get("val_loss", float("nan")),
                "init_from": config["train"].get("init_from"), "exported_from": str(step.resolve())}
-    return save_checkpoint(model, tokenizer, summary, out.absolute().parent, out.absolute().name)
+    return model, tokenizer, summary
 
 
 class Parser(argparse.ArgumentParser):
@@ -93,7 +102,22 @@ def main(argv: list[str] | None = None) -> None:
                         "dynamic batch and sequence, the attention mask an input), checked with onnxruntime")
     parser.add_argument("--trust-remote-code", action="store_true", help="--onnx: a folder whose model code is not "
                         "this cramming's own is exported with that code (it runs)")
+    parser.add_argument("--as", dest="family", choices=list(FAMILIES), help="write transformers' own architecture "
+                        "(no remote code): " + ", ".join(f"{name} ({f.model_class})" for name, f in FAMILIES.items()))
+    parser.add_argument("--families", action="store_true", help="say which families the checkpoint fits, or the "
+                        "first option each cannot represent, and write nothing")
     args = parser.parse_args(argv)
+    if args.families:
+        print("\n".join(fits_lines(args.folder, step_model)))
+        return
+    if args.family is not None:
+        if args.out is not None and (problem := output_problem(args.folder, args.out)):
+            raise UserError(problem)
+        path, difference = export_as(args.folder, args.out, args.family, step_model)
+        print(f"checked: {FAMILIES[args.family].model_class}'s logits within {difference:.1e} of ours (at most "
+              f"{FAMILIES_TOLERANCE:g}) on a padded batch")
+        print(f"exported: {path}")
+        return
     if not args.onnx:
         print(f"exported: {export_step(args.folder, args.out)}")
         return

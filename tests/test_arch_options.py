@@ -45,7 +45,7 @@ def logits(model, x=None):
 NONDEFAULT = {
     "num_layers": (3, []), "hidden_size": (32, []), "num_heads": (4, []), "ffn_size": (64, []),
     "ffn": ("mlp", []), "activation": ("relu2", []), "norm": ("rmsnorm", []), "norm_eps": (1e-6, []),
-    "norm_position": ("post", []), "qk_norm": (True, []), "embedding_norm": (False, []), "final_norm": (False, []),
+    "norm_position": ("post", []), "first_attention_norm": (False, []), "qk_norm": (True, []), "embedding_norm": (False, []), "final_norm": (False, []),
     "bias": (True, []), "position": ("rotary", []), "rotary.pct": (0.5, ["arch.position=rotary"]),
     "rotary.base": (500.0, ["arch.position=rotary"]), "rotary.interleaved": (True, ["arch.position=rotary"]),
     "rotary.every": (2, ["arch.position=rotary"]), "rpe.buckets": (16, ["arch.position=rpe"]),
@@ -125,6 +125,25 @@ def test_post_norm_normalises_the_residual_stream_and_pre_norm_does_not():
         unit = torch.allclose(y.mean(-1), torch.zeros(2, 32), atol=1e-4) and torch.allclose(
             y.var(-1, unbiased=False), torch.ones(2, 32), atol=1e-3)
         assert unit == normalised, position
+
+
+def test_first_attention_norm_false_leaves_out_the_first_blocks_attention_norm_only():
+    """ModernBERT's first block reads the normalised embeddings as they are: its attention input is x itself."""
+    model = model_for("arch.first_attention_norm=false", "arch.num_layers=3")
+    first, later = model.encoder.layers[0], model.encoder.layers[1:]
+    assert isinstance(first.norm1, nn.Identity) and not isinstance(first.norm2, nn.Identity)
+    assert all(not isinstance(layer.norm1, nn.Identity) for layer in later)
+    x = torch.randn(2, 32, 64) * 3 + 1
+    with torch.no_grad():
+        y = x + first.attn(x)  # no norm before the attention
+        torch.testing.assert_close(first(x), y + first.ffn(first.norm2(y)))
+
+
+def test_first_attention_norm_false_is_refused_with_post_norm():
+    from cramming.errors import UserError
+
+    with pytest.raises(UserError, match="arch.first_attention_norm"):
+        model_for("arch.first_attention_norm=false", "arch.norm_position=post")
 
 
 def test_max_seq_length_sizes_the_learned_table_and_the_gmlp_matrix():

@@ -119,6 +119,7 @@ class ArchConfig:
     norm: str = "layernorm"  # the normalisation layer used everywhere
     norm_eps: float = 1e-12  # the normalisation layers' epsilon
     norm_position: str = "pre"  # normalise each block's input (pre-LN) or its residual sum (post-LN)
+    first_attention_norm: bool = True  # pre-LN: normalise the first block's attention input (ModernBERT: no)
     qk_norm: bool = False  # normalise each head's queries and keys (with arch.norm)
     embedding_norm: bool = True  # normalise the embeddings before the first block
     final_norm: bool = True  # normalise after the last block

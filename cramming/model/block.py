@@ -43,10 +43,21 @@ class TransformerBlock(GradientCheckpointingLayer):
     takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values
     width_scaled = True  # every weight's fan-in is the width: arch.parametrization=mup covers it
 
+    @staticmethod
+    def problem(config) -> str | None:
+        """The first block's attention norm can be left out of pre-LN blocks only (post-LN norms the sum)."""
+        a = config.arch
+        if not a.first_attention_norm and a.norm_position == "post":
+            return invalid("arch.first_attention_norm", False, "applies to pre-LN blocks only "
+                           "(arch.norm_position=post normalises each residual sum); leave it true")
+        return None
+
     def __init__(self, config, index: int = 0):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
-        self.norm1 = build_norm(config)
+        # ModernBERT's first block reads the normalised embeddings as they are (arch.first_attention_norm=false)
+        first_unnormed = self.pre_norm and index == 0 and not config.first_attention_norm
+        self.norm1 = nn.Identity() if first_unnormed else build_norm(config)
         self.attn = SelfAttention(config, index)
         self.norm2 = build_norm(config)
         self.ffn = FFNS.get_or_explain(config.ffn)(config)
