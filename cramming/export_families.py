@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from .card import write_card
 from .data.tokenizer import for_generation
@@ -37,8 +39,6 @@ def source_model(folder: Path, step_model):
     if not is_our_summary(summary_path):
         raise UserError(f"{folder}: no {SUMMARY} of a run beside its weights; export a run's checkpoint/ or a step "
                         "folder")
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
     if config.objective not in ("mlm", "clm"):
         raise UserError(f"{folder}: arch.objective={config.objective!r} has no family in transformers (the families "
                         "export mlm and clm checkpoints)")
@@ -63,8 +63,6 @@ def special_ids(tokenizer) -> dict:
 
 def converted(model, family: Family, tokenizer):
     """transformers' model of `family` holding our model's weights (every tensor of theirs from one of ours)."""
-    import transformers
-
     config = family.config(model.config, special_ids(tokenizer))
     theirs = getattr(transformers, family.model_class)(config).float().eval()
     state = {key: value.detach().float() for key, value in model.state_dict().items()}
