@@ -75,3 +75,15 @@ def test_bad_input_is_one_error_line(tmp_path):
         result = bench(*args, "--out", str(tmp_path / "out"), timeout=60)
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith("error: ") and fragment in result.stderr
+
+
+def test_the_generation_bench_times_ours_against_llama_and_gpt2():
+    """scripts/bench_generate.py at a tiny size, one round: each model's row, our cache giving our uncached tokens."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_generate.py"), "--rounds", "1", "--new",
+                             "3", "--prompt", "4", "--vocab", "128", "arch.num_layers=1", "arch.hidden_size=32",
+                             "arch.num_heads=2", "arch.ffn_size=64"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [line.split()[0] for line in result.stdout.splitlines()[2:]]
+    assert rows == ["ours", "Llama", "GPT-2"], result.stdout

@@ -125,6 +125,35 @@ def test_generation_projects_only_the_last_position_onto_the_vocabulary():
         torch.testing.assert_close(model(ids, attention_mask=mask, logits_to_keep=2).logits, full[:, -2:])
 
 
+def test_a_cached_step_builds_its_mask_and_rotary_tables_once_for_all_layers(monkeypatch):
+    """A decode step is mostly small ops: the layers of one cached step share its mask and rotary tables
+    (masks.Context.shared) instead of each building them, and each turns q and k in one kernel call."""
+    from cramming.model import attention, rotary
+
+    model = tiny_model(position="rotary", num_layers=3)
+    calls = {"mask": 0, "tables": 0, "kernel": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(attention, "build_mask_at", counted("mask", attention.build_mask_at))
+    monkeypatch.setattr(rotary, "rotary_cos_sin", counted("tables", rotary.rotary_cos_sin))
+    for layer in model.encoder.layers:
+        layer.attn.rotary.kernel = counted("kernel", layer.attn.rotary.kernel)
+    ids = torch.randint(5, 97, (2, PROMPT), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True)[CACHE_KEY]
+        calls.update(mask=0, tables=0, kernel=0)
+        step = model(ids[:, :1], attention_mask=torch.ones(2, PROMPT + 1, dtype=torch.long), use_cache=True,
+                     **{CACHE_KEY: cache})
+    assert calls == {"mask": 1, "tables": 1, "kernel": 3}
+    full = model(torch.cat([ids, ids[:, :1]], 1)).logits[:, -1]
+    torch.testing.assert_close(step.logits[:, -1], full, rtol=1e-5, atol=1e-5)
+
+
 def test_gmlp_refuses_the_cache_and_generates_by_recomputing():
     model = tiny_model(layout=["gmlp", "attention"], gmlp_attn_dim=8)
     assert tokens_entering_the_encoder(model, use_cache=True) == list(range(PROMPT, PROMPT + NEW))

@@ -128,15 +128,45 @@ def eager_probs(q, k, spec: AttentionSpec) -> torch.Tensor:
     return probs
 
 
-def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None, record: list | None = None):
+def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None, record: list | None = None,
+              shared: dict | None = None):
     """The queries of the last q.shape[2] rows against all k.shape[2] keys (a KV cache's step, or queries whose
-    mask needs their positions), with the same mask and bias as the square kernels: the spec's pattern mask
-    (pattern.visible at its window / stepped / topk), causality, padding, documents, ALiBi and bias. Distances
-    (causality, windows, ALiBi) count the tensor's indices, which are the real tokens' distances when padding is only
-    on the left or the right; an absolute pattern (stepped) is computed at `positions` (the context's
-    rotary.Positions) when given. One formula for every impl.attention (the fused kernels need equal q and k
-    lengths): SDPA with the mask as an additive bias, or the eager formula for top-k and when `record` (a list)
-    keeps the probabilities; a query that sees nothing gets zeros."""
+    mask needs their positions), with the same mask and bias as the square kernels (mask_at). One formula for every
+    impl.attention (the fused kernels need equal q and k lengths): SDPA with the mask as an additive bias, or the
+    eager formula for top-k and when `record` (a list) keeps the probabilities; a query that sees nothing gets
+    zeros. shared: the forward's dict the layers share (masks.Context.shared), or None."""
+    additive, sees_nothing = mask_at(q, k, spec, pattern, positions, shared)
+    if spec.topk is not None or record is not None:
+        probs = eager_probs(q, k, AttentionSpec(topk=spec.topk, bias=additive, scale=spec.scale))
+        probs = probs.masked_fill(sees_nothing, 0.0)
+        if record is not None:
+            record.append(probs.to(q.dtype))
+        y = weighted_values(probs, v, spec).to(q.dtype)
+    else:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=spec.dropout_p,
+                                           scale=spec.scale)
+    return y.masked_fill(sees_nothing, 0.0)
+
+
+def mask_at(q, k, spec: AttentionSpec, pattern, positions=None, shared: dict | None = None):
+    """attend_at's additive mask (1 or batch, 1 or heads, queries, keys) and which queries see nothing. Every layer
+    of a cached step with the same pattern asks for the same mask: given the forward's `shared` dict, it is built
+    once there (a cached step is mostly such small ops). A layer's own score bias is added to its own."""
+    if shared is None or spec.bias is not None:
+        return build_mask_at(q, k, spec, pattern, positions)
+    # the forward keeps padding, documents and positions alive: their ids name them for its length
+    key = ("mask_at", pattern, spec.window, spec.stepped, spec.topk, spec.causal, spec.alibi and q.shape[1],
+           q.shape[2], k.shape[2], q.device, id(spec.padding), id(spec.documents), id(positions))
+    if key not in shared:
+        shared[key] = build_mask_at(q, k, spec, pattern, positions)
+    return shared[key]
+
+
+def build_mask_at(q, k, spec: AttentionSpec, pattern, positions=None):
+    """The spec's pattern mask (pattern.visible at its window / stepped / topk), causality, padding, documents,
+    ALiBi and bias. Distances (causality, windows, ALiBi) count the tensor's indices, which are the real tokens'
+    distances when padding is only on the left or the right; an absolute pattern (stepped) is computed at
+    `positions` (the context's rotary.Positions) when given."""
     key_idx = torch.arange(k.shape[2], device=q.device)
     query_idx = key_idx[k.shape[2] - q.shape[2]:]
     at = (positions.ids, positions.key_ids) if positions is not None and pattern.absolute else (query_idx, key_idx)
@@ -153,18 +183,7 @@ def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None, record: lis
     additive = alibi_bias_at(query_idx, key_idx, q.shape[1]) if spec.alibi else torch.zeros((), device=q.device)
     if spec.bias is not None:
         additive = additive + spec.bias.float()
-    additive = additive.masked_fill(~visible, float("-inf"))
-    sees_nothing = ~visible.any(-1, keepdim=True)
-    if spec.topk is not None or record is not None:
-        probs = eager_probs(q, k, AttentionSpec(topk=spec.topk, bias=additive, scale=spec.scale))
-        probs = probs.masked_fill(sees_nothing, 0.0)
-        if record is not None:
-            record.append(probs.to(q.dtype))
-        y = weighted_values(probs, v, spec).to(q.dtype)
-    else:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=additive.to(q.dtype), dropout_p=spec.dropout_p,
-                                           scale=spec.scale)
-    return y.masked_fill(sees_nothing, 0.0)
+    return additive.masked_fill(~visible, float("-inf")), ~visible.any(-1, keepdim=True)
 
 
 def autocast_dtype(q, k, v):
@@ -223,11 +242,11 @@ class SelfAttention(nn.Module):
                                   dropout_p=self.dropout if self.training else 0.0)
         cache = ctx.cache
         if self.rotary is not None:  # before the keys are cached: the cache keeps them turned
-            q, k = self.rotary(q, k, 0 if cache is None else cache.past, ctx.positions)
+            q, k = self.rotary(q, k, 0 if cache is None else cache.past, ctx.positions, ctx.shared)
         if cache is not None:
             k, v = cache.append(k, v)
         if (cache is not None and cache.past) or (ctx.positions is not None and self.pattern.absolute):
-            y = attend_at(q, k, v, spec, self.pattern, ctx.positions, ctx.attentions)
+            y = attend_at(q, k, v, spec, self.pattern, ctx.positions, ctx.attentions, ctx.shared)
         elif ctx.attentions is not None:  # output_attentions: the probabilities themselves, whatever the kernel
             probs = eager_probs(q, k, spec)
             ctx.attentions.append(probs.to(q.dtype))

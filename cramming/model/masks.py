@@ -101,6 +101,7 @@ class Context(NamedTuple):
     value_embedding: torch.Tensor | None = None  # this layer's value embedding (attention.py)
     hidden_states: list | None = None  # output_hidden_states: each block's output is appended (stacks.py)
     attentions: list | None = None  # output_attentions: each attention block appends its probabilities
+    shared: dict | None = None  # what the layers of one cached step build once and share (attention.mask_at)
 
     def kept(self, keep: torch.Tensor, seq_len: int) -> "Context":
         """The context of the kept tokens alone (token dropping): their padding, document ids and positions."""

@@ -111,22 +111,36 @@ class Rotation:
         self.pct, self.base, self.interleaved = config.rotary.pct, config.rotary.base, config.rotary.interleaved
         self.max_seq_length = config.max_seq_length
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0,
-                 positions: Positions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0, positions: Positions | None = None,
+                 shared: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """offset: the absolute position of the first token (tokens already in a KV cache). Generation asks for
         the table of max_seq_length positions and slices it, so the growing prefix reuses one cached table.
-        positions: each row's own position (token dropping, position_ids); offset is then unused."""
+        positions: each row's own position (token dropping, position_ids); offset is then unused.
+        shared: a cached step's dict its layers share (masks.Context.shared): the tables are sliced once for all
+        of them, and q and k turn in one kernel call (a decode step is mostly such small ops; the values are the
+        same, the rotation being elementwise)."""
         rotary_dim = int(q.shape[-1] * self.pct) // 2 * 2
-        if positions is not None:
-            cos, sin = rotary_cos_sin(max(self.max_seq_length, positions.seq_len), rotary_dim, self.base, q.device,
-                                      torch.float32)
-            return (self.kernel(q, cos, sin, positions.ids, self.pct, self.interleaved),
-                    self.kernel(k, cos, sin, positions.ids, self.pct, self.interleaved))
-        if offset:
-            cos, sin = rotary_cos_sin(max(self.max_seq_length, offset + q.shape[2]), rotary_dim, self.base, q.device,
-                                      torch.float32)
-            cos, sin = cos[offset:offset + q.shape[2]], sin[offset:offset + q.shape[2]]
+        key = ("rotary", rotary_dim, self.base, offset, q.shape[2], positions is None, q.device)
+        if shared is not None and key in shared:
+            cos, sin = shared[key]
         else:
-            cos, sin = rotary_cos_sin(q.shape[2], rotary_dim, self.base, q.device, torch.float32)
-        return (self.kernel(q, cos, sin, None, self.pct, self.interleaved),
-                self.kernel(k, cos, sin, None, self.pct, self.interleaved))
+            cos, sin = self.tables(rotary_dim, offset, q.shape[2], positions, q.device)
+            if shared is not None:
+                shared[key] = cos, sin
+        ids = None if positions is None else positions.ids
+        if shared is None:
+            return (self.kernel(q, cos, sin, ids, self.pct, self.interleaved),
+                    self.kernel(k, cos, sin, ids, self.pct, self.interleaved))
+        both = self.kernel(torch.cat((q, k), 1), cos, sin, ids, self.pct, self.interleaved)
+        return both[:, :q.shape[1]], both[:, q.shape[1]:]
+
+    def tables(self, rotary_dim: int, offset: int, seq_len: int, positions: Positions | None, device):
+        """The cos and sin rows the kernel reads: from position `offset` on, or the whole table for `positions`."""
+        if positions is not None:
+            return rotary_cos_sin(max(self.max_seq_length, positions.seq_len), rotary_dim, self.base, device,
+                                  torch.float32)
+        if offset:
+            cos, sin = rotary_cos_sin(max(self.max_seq_length, offset + seq_len), rotary_dim, self.base, device,
+                                      torch.float32)
+            return cos[offset:offset + seq_len], sin[offset:offset + seq_len]
+        return rotary_cos_sin(seq_len, rotary_dim, self.base, device, torch.float32)
