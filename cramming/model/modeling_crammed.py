@@ -207,7 +207,7 @@ class CrammedModel(CrammedPreTrainedModel):
         attentions = [] if (output_attentions if output_attentions is not None else config.output_attentions) else None
         ctx = Context(padding=None if attention_mask is None else attention_mask.bool(), positions=where,
                       documents=document_ids, hidden_states=hidden, attentions=attentions,
-                      shared=None if cache is None else {})
+                      shared=None if cache is None or torch.compiler.is_compiling() else {})  # keyed by ids: eager only
         shared_bias = (self.score_bias(seq_len, past) if self.score_bias is not None and config.rpe.cache
                        else None)
         values = self.value_embeddings(self.token_ids(input_ids)) if self.value_embeddings is not None else {}
