@@ -1,6 +1,8 @@
 """The weights each architecture starts from, as one hash per tensor: tests/test_init_hook.py compares a fresh
 build against tests/fixtures/init_hashes.json, written by `python tests/init_hashes.py` on the code before
-the model's init moved into each module's own hook (issue 27), so the move provably changed no weight."""
+the model's init moved into each module's own hook (issue 27), so the move provably changed no weight. A preset
+added since gets its case recorded when it is added (`python tests/init_hashes.py --add`), so a later change to
+its init shows."""
 
 import hashlib
 import json
@@ -48,5 +50,8 @@ def hashes(overrides: list[str]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    FIXTURE.write_text(json.dumps({name: hashes(o) for name, o in CASES.items()}, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(CASES)} cases to {FIXTURE}", file=sys.stderr)
+    # `--add`: only the cases the fixture lacks (a preset added since), the recorded ones left as they are
+    known = json.loads(FIXTURE.read_text()) if "--add" in sys.argv else {}
+    added = {name: hashes(o) for name, o in CASES.items() if name not in known}
+    FIXTURE.write_text(json.dumps(known | added, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(added)} cases to {FIXTURE}: {', '.join(sorted(added))}", file=sys.stderr)
