@@ -118,7 +118,9 @@ def write_as(folder: Path, out: Path | None, family: Family, step_model) -> tupl
     if not difference <= TOLERANCE:
         raise UserError(f"{folder}: {family.model_class}'s logits differ from ours by {difference:.2e} (more than "
                         f"{TOLERANCE:g}); nothing was written. Please report it with the checkpoint's config.json")
-    summary = {**summary, "exported_as": family.model_class, "exported_from": str(folder.resolve())}
+    original = {key: value for key, value in model.config.to_dict().items() if key not in ("auto_map", "_name_or_path")}
+    summary = {**summary, "exported_as": family.model_class, "exported_from": str(folder.resolve()),
+               "crammed_config": original}  # what eval.py reads it back as (eval/exported.py)
     with writing(out.absolute().parent, f"the model folder {out.name}"):
         tmp = temp_folder(out.absolute().parent, out.name)
         try:

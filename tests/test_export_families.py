@@ -63,9 +63,25 @@ def test_each_family_gives_our_logits_on_a_padded_batch(name, options):
     theirs = converted(model, FAMILIES[name], TOKENIZER)
     assert type(theirs).__name__ == FAMILIES[name].model_class
     assert logits_difference(model, theirs, 100) <= TOLERANCE
+    ours = model.state_dict()
+    back = FAMILIES[name].back(theirs.state_dict(), model.config, {k: tuple(v.shape) for k, v in ours.items()})
+    assert back.keys() == ours.keys() and all(torch.equal(back[k], ours[k]) for k in ours)  # read back exactly
     with torch.no_grad():  # the check itself sees one tensor a hair off
         next(p for n, p in theirs.named_parameters() if "layers.1" in n or "layer.1" in n).mul_(1.01)
     assert logits_difference(model, theirs, 100) > TOLERANCE
+
+
+@pytest.mark.parametrize("name,options", [("gpt-neox", NEOX), ("bert", {**BERT, "bias": False})])
+def test_an_export_whose_zeros_were_trained_since_is_not_read_back(name, options):
+    """A tensor we lack is exported as zeros; trained since as the in-library class, it holds more than ours can."""
+    model = our_model(**options)
+    theirs = converted(model, FAMILIES[name], TOKENIZER).state_dict()
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert FAMILIES[name].back(theirs, model.config, shapes) is not None
+    zero = next(k for k, v in theirs.items() if k.endswith("bias") and not v.any())
+    assert FAMILIES[name].back({**theirs, zero: theirs[zero] + 0.01}, model.config, shapes) is None
+    wider = next(k for k in theirs if k.endswith("weight") and theirs[k].dim() == 2)
+    assert FAMILIES[name].back({**theirs, wider: torch.zeros(3, 3)}, model.config, shapes) is None
 
 
 def test_a_causal_family_gives_our_logits_on_a_left_padded_batch_too():
@@ -256,3 +272,30 @@ def test_an_export_into_a_folder_of_someone_elses_is_refused_and_left_as_it_is(m
     result = export(modernbert_checkpoint, out, "--as", "modernbert")
     one_line_error(result, str(out), "which cramming did not write")
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("kind", ["causal", "masked"])
+def test_eval_gives_an_export_the_scores_of_its_original_seed_for_seed(kind, request, tmp_path):
+    """eval.py reads an export of ours back into our classes: each seed's fine-tuning curve and dev score are the
+    original checkpoint's, to the last digit."""
+    import shutil
+
+    from conftest import glue_folder, run_eval
+
+    checkpoint = request.getfixturevalue("llama_checkpoint" if kind == "causal" else "modernbert_checkpoint")
+    original = tmp_path / "original"
+    shutil.copytree(checkpoint, original)  # eval.py adds its scores to the card: to a copy, not the shared one
+    result = export(original, tmp_path / "exported", "--as", "llama" if kind == "causal" else "modernbert")
+    assert result.returncode == 0, result.stderr[-3000:]
+    glue = glue_folder(tmp_path)
+    runs = {}
+    for name in ("original", "exported"):
+        result = run_eval(f"checkpoint={tmp_path / name}", f"eval.data_dir={glue}", "eval.tasks=[rte]", "eval.seeds=2",
+                          "impl=cpu", "eval.recipe.epochs=2", "eval.recipe.batch_size=16", tmp_path=tmp_path / f"ev-{name}",
+                          in_process=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        done = json.loads(last_line_path(result, "results: ").read_text())
+        assert done["model_type"] == "crammed"
+        runs[name] = [[{k: v for k, v in epoch.items() if k != "train_seconds"} for epoch in run["curve"]]
+                      for run in done["models"]["pretrained"]["tasks"]["rte"]["runs"]]
+    assert runs["exported"] == runs["original"] and len(runs["original"]) == 2

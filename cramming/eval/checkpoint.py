@@ -19,6 +19,7 @@ from ..train.checkpoint import SUMMARY, check_sizes, check_weights, is_complete
 from ..train.resume import MARKER as RESUME_MARKER
 from ..untrusted import check_tokenizer_files, leads_outside, link_outside, read_json
 from .config import EvalRunConfig
+from .exported import read_back
 from .finetune import Checkpoint, load_config
 
 
@@ -85,6 +86,9 @@ def check_checkpoint(checkpoint: Checkpoint | Path):
                         f"{next((s for s in str(err).splitlines() if s.strip()), '')[:300]}") from None
     check_sizes(path, model_config, tensors, checkpoint.remote_code, "evaluate it on a machine with more memory",
                 copies=4)
+    if (back := read_back(checkpoint, checkpoint.saved_config())) is not None:  # an export of ours: as the original
+        checkpoint.pinned, checkpoint.imported = back
+        model_config = load_config(checkpoint)
     largest = max([*tokenizer.get_vocab().values(), len(tokenizer) - 1])
     if largest >= model_config.vocab_size:
         raise UserError(f"checkpoint {path}: the tokenizer gives token ids up to {largest:,} but the model has only "

@@ -151,6 +151,9 @@ class Checkpoint:
     path: Path
     remote_code: bool = False
     pinned: dict | None = None  # config.json's content as checked (or the versioned config it names)
+    # An export of ours to transformers' own classes, read back (eval/exported.py): our head's tensors, which every
+    # model is loaded from (pinned is then the config it was exported from)
+    imported: dict | None = None
 
     def __str__(self) -> str:
         return str(self.path)
@@ -227,7 +230,13 @@ def auto_model(auto_class, checkpoint: Checkpoint, random_init: bool, dropout: f
     try:
         if not trust and config.model_type == "crammed":
             cls = our_class(auto_class)
-            return cls._from_config(config) if random_init else cls.from_pretrained(checkpoint.path, config=config)
+            if random_init:
+                return cls._from_config(config)
+            if checkpoint.imported is not None:  # the same load as from a folder of ours, from the tensors read back
+                # (copies: the model takes the tensors it is given as its own, and fine-tuning changes them)
+                fresh = {key: value.clone() for key, value in checkpoint.imported.items()}
+                return cls.from_pretrained(None, config=config, state_dict=fresh)
+            return cls.from_pretrained(checkpoint.path, config=config)
         if random_init:
             return auto_class.from_config(config, trust_remote_code=trust)
         return auto_class.from_pretrained(checkpoint.path, config=config, trust_remote_code=trust)

@@ -11,6 +11,7 @@ from .family import ACTIVATIONS, Family, or_zeros, per_layer, rules, split_qkv
 
 class Bert(Family):
     name, model_class, causal = "bert", "BertForMaskedLM", False
+    model_type = "bert"
     presets = ("bert-base", "bert-tiny")  # conf/arch: the GPU-sized one, the CPU-sized one
     rules = rules(
         position="learned", norm="layernorm", norm_position="post", ffn="mlp", embedding_norm=True, final_norm=False,

@@ -1,5 +1,6 @@
 """What a family of transformers' architectures declares (families/__init__.py), and helpers its tensor map uses."""
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +54,7 @@ class Family:
 
     name: str  # --as <name>
     model_class: str  # transformers' class the folder loads as
+    model_type: str  # its config.json's model_type
     causal: bool  # a causal LM family (else a masked LM)
     presets: tuple[str, str]  # the arch presets that train a model of this family (conf/arch/): GPU, CPU size
     rules: list[Rule]
@@ -81,6 +83,41 @@ class Family:
     def tensors(self, state: dict, config) -> dict:
         """The exported model's tensors from ours (`state`: the head's state dict)."""
         raise NotImplementedError
+
+    def back(self, theirs: dict, config, shapes: dict) -> dict:
+        """Our head's tensors (`shapes`: their names and shapes) from an export's (`theirs`), by running `tensors`
+        on numbered elements: each of ours is numbered, `tensors` moves the numbers where it moves values, and
+        each number's place in their tensors is where that value is. A place holding no number of ours (a bias
+        or table we lack, exported as zeros) must still be zero; None when it is not (trained since) or a shape
+        differs."""
+        numbers, start = {}, 1
+        for key, shape in shapes.items():
+            numbers[key] = torch.arange(start, start + math.prod(shape), dtype=torch.long).reshape(shape)
+            start += math.prod(shape)
+        if config.tie_embeddings:  # one matrix, two names
+            numbers["decoder.weight"] = numbers["encoder.tokens.weight"]
+        values = torch.zeros(start, dtype=torch.float32)
+        found = torch.zeros(start, dtype=torch.bool)
+        for key, where in self.tensors(numbers, config).items():
+            if key not in theirs:
+                continue  # tied in their file: its numbers come from the tensor it is tied to
+            value = theirs[key]
+            if tuple(value.shape) != tuple(where.shape):
+                return None
+            where, value = where.reshape(-1).long(), value.reshape(-1).float()
+            ours = where > 0
+            if value[~ours].any():
+                return None
+            values[where[ours]] = value[ours]
+            found[where[ours]] = True
+        out = {}
+        for key, number in numbers.items():  # a tensor no family has (token dropping's running loss) is left out
+            hit = found[number.reshape(-1)]
+            if hit.any() and not hit.all():
+                return None
+            if hit.all():
+                out[key] = values[number.reshape(-1)].reshape(number.shape)
+        return out
 
 
 def split_qkv(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ def head_by_head(tensor: torch.Tensor, heads: int) -> torch.Tensor:
 
 class GPTNeoX(Family):
     name, model_class, causal = "gpt-neox", "GPTNeoXForCausalLM", True
+    model_type = "gpt_neox"
     presets = ("gpt-small", "gpt-tiny")  # conf/arch: the GPU-sized one, the CPU-sized one
     rules = rules(
         position="rotary", norm="layernorm", norm_position="pre", ffn="mlp", embedding_norm=False, final_norm=True,

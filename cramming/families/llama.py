@@ -8,6 +8,7 @@ from .family import ACTIVATIONS, Family, per_layer, rules, split_qkv
 
 class Llama(Family):
     name, model_class, causal = "llama", "LlamaForCausalLM", True
+    model_type = "llama"
     presets = ("llama-small", "llama-tiny")  # conf/arch: the GPU-sized one, the CPU-sized one
     rules = rules(
         position="rotary", norm="rmsnorm", norm_position="pre", ffn="glu", bias=False, embedding_norm=False,

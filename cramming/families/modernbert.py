@@ -12,6 +12,7 @@ LAYER_TYPES = {"global": "full_attention", "local": "sliding_attention"}
 
 class ModernBert(Family):
     name, model_class, causal = "modernbert", "ModernBertForMaskedLM", False
+    model_type = "modernbert"
     presets = ("modernbert", "modernbert-tiny")  # conf/arch: the GPU-sized one, the CPU-sized one
     rules = rules(
         position="rotary", norm="layernorm", norm_position="pre", ffn="glu", embedding_norm=True, final_norm=True,
