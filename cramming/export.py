@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--families", action="store_true", help="say which families the checkpoint fits, or the "
                         "first option each cannot represent, and write nothing")
     args = parser.parse_args(argv)
+    if sum([args.onnx, args.family is not None, args.families]) > 1:
+        raise UserError("--onnx, --as and --families each ask for a different output: give one of them")
     if args.families:
         print("\n".join(fits_lines(args.folder, step_model)))
         return

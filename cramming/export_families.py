@@ -147,8 +147,14 @@ def write_family_folder(theirs, tokenizer, summary: dict, head, causal: bool, tm
 
 
 def fits_lines(folder: Path, step_model) -> list[str]:
-    """--families: one line per family, `fits` or why not."""
+    """--families: one line per family, `fits` or why not (a model folder's config is enough: no model is built)."""
+    folder = Path(folder)
     with no_shard_bar():
-        model, _, _ = source_model(folder, step_model)
+        if (folder / MARKER).is_file():
+            config = step_model(folder)[0].config
+        else:
+            _, config = check_checkpoint(Checkpoint(folder))
+            if config.model_type != "crammed":
+                raise UserError(f"{folder} is a {config.model_type} model folder, already transformers' own")
     return [f"{name}: " + ("fits (--as " + name + f", {FAMILIES[name].model_class})" if problem is None else problem)
-            for name, problem in fits(model.config).items()]
+            for name, problem in fits(config).items()]

@@ -299,3 +299,22 @@ def test_eval_gives_an_export_the_scores_of_its_original_seed_for_seed(kind, req
         runs[name] = [[{k: v for k, v in epoch.items() if k != "train_seconds"} for epoch in run["curve"]]
                       for run in done["models"]["pretrained"]["tasks"]["rte"]["runs"]]
     assert runs["exported"] == runs["original"] and len(runs["original"]) == 2
+
+
+def test_onnx_as_and_families_are_one_at_a_time(modernbert_checkpoint, tmp_path):
+    result = export(modernbert_checkpoint, tmp_path / "out", "--as", "modernbert", "--onnx")
+    one_line_error(result, "--onnx, --as and --families")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_of_ours_reads_back_and_any_other_in_library_folder_is_refused(modernbert_checkpoint, tmp_path):
+    """An export keeps what it was exported from (train_summary.json), so it exports again; without that it is
+    some other in-library model, which --as does not take."""
+    assert export(modernbert_checkpoint, tmp_path / "out", "--as", "modernbert").returncode == 0
+    again = export(tmp_path / "out", tmp_path / "again", "--as", "modernbert")
+    assert again.returncode == 0, again.stderr[-2000:]
+    weights = [(tmp_path / name / "model.safetensors").read_bytes() for name in ("out", "again")]
+    assert weights[0] == weights[1]
+    (tmp_path / "out" / "train_summary.json").unlink()
+    one_line_error(export(tmp_path / "out", tmp_path / "other", "--as", "modernbert"), "already transformers' own")
+    one_line_error(export(tmp_path / "out", "--families"), "already transformers' own")
