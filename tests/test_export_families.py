@@ -170,8 +170,8 @@ def modernbert_checkpoint(tmp_path_factory):
 
 
 def export(*args):
-    return subprocess.run([sys.executable, "-m", "cramming.export", *map(str, args)], cwd=REPO, capture_output=True, check=False,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "cramming.export", *map(str, args)], cwd=REPO, capture_output=True,
+                          check=False, text=True, timeout=300)
 
 
 # What the fresh interpreter runs: cramming is not importable there, the folder loads with transformers alone, and
@@ -291,8 +291,8 @@ def test_eval_gives_an_export_the_scores_of_its_original_seed_for_seed(kind, req
     runs = {}
     for name in ("original", "exported"):
         result = run_eval(f"checkpoint={tmp_path / name}", f"eval.data_dir={glue}", "eval.tasks=[rte]", "eval.seeds=2",
-                          "impl=cpu", "eval.recipe.epochs=2", "eval.recipe.batch_size=16", tmp_path=tmp_path / f"ev-{name}",
-                          in_process=True)
+                          "impl=cpu", "eval.recipe.epochs=2", "eval.recipe.batch_size=16",
+                          tmp_path=tmp_path / f"ev-{name}", in_process=True)
         assert result.returncode == 0, result.stderr[-3000:]
         done = json.loads(last_line_path(result, "results: ").read_text())
         assert done["model_type"] == "crammed"

@@ -33,7 +33,8 @@ class Bert(Family):
         width = config.hidden_size
 
         def pair(theirs, ours, size):
-            return {f"{theirs}.weight": state[f"{ours}.weight"], f"{theirs}.bias": or_zeros(state, f"{ours}.bias", size)}
+            return {f"{theirs}.weight": state[f"{ours}.weight"],
+                    f"{theirs}.bias": or_zeros(state, f"{ours}.bias", size)}
 
         def layer(i, ours):
             theirs = f"bert.encoder.layer.{i}."
