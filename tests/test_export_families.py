@@ -211,6 +211,7 @@ def plain_folder(folder):
         assert "auto_map" not in json.loads(path.read_text()), path
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_an_exported_folder_loads_generates_and_fills_masks_without_cramming(kind, request, tmp_path):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
@@ -239,6 +240,7 @@ def test_an_exported_folder_loads_generates_and_fills_masks_without_cramming(kin
     assert "trust_remote_code" not in card and "custom_code" not in card
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 def test_a_step_folder_exports_beside_the_runs_other_exports(llama_checkpoint):
     step = max((llama_checkpoint.parent / "checkpoints").glob("step-*"))
     result = export(step, "--as", "llama")
@@ -248,6 +250,7 @@ def test_a_step_folder_exports_beside_the_runs_other_exports(llama_checkpoint):
     plain_folder(out)
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 def test_families_says_which_fit_and_writes_nothing(modernbert_checkpoint):
     before = sorted(modernbert_checkpoint.parent.iterdir())
     result = export(modernbert_checkpoint, "--families")
@@ -259,12 +262,14 @@ def test_families_says_which_fit_and_writes_nothing(modernbert_checkpoint):
     assert sorted(modernbert_checkpoint.parent.iterdir()) == before
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 def test_a_family_the_checkpoint_does_not_fit_is_one_line_and_writes_nothing(modernbert_checkpoint, tmp_path):
     result = export(modernbert_checkpoint, tmp_path / "out", "--as", "bert")
     one_line_error(result, "arch.position='rotary' has no counterpart in BertForMaskedLM", "arch=bert-tiny")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 def test_an_export_into_a_folder_of_someone_elses_is_refused_and_left_as_it_is(modernbert_checkpoint, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
@@ -274,6 +279,7 @@ def test_an_export_into_a_folder_of_someone_elses_is_refused_and_left_as_it_is(m
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_eval_gives_an_export_the_scores_of_its_original_seed_for_seed(kind, request, tmp_path):
     """eval.py reads an export of ours back into our classes: each seed's fine-tuning curve and dev score are the
@@ -301,12 +307,13 @@ def test_eval_gives_an_export_the_scores_of_its_original_seed_for_seed(kind, req
     assert runs["exported"] == runs["original"] and len(runs["original"]) == 2
 
 
-def test_onnx_as_and_families_are_one_at_a_time(modernbert_checkpoint, tmp_path):
-    result = export(modernbert_checkpoint, tmp_path / "out", "--as", "modernbert", "--onnx")
+def test_onnx_as_and_families_are_one_at_a_time(tmp_path):
+    result = export(tmp_path / "checkpoint", tmp_path / "out", "--as", "modernbert", "--onnx")
     one_line_error(result, "--onnx, --as and --families")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # pretrains its checkpoints (once per session) and runs the command
 def test_an_export_of_ours_reads_back_and_any_other_in_library_folder_is_refused(modernbert_checkpoint, tmp_path):
     """An export keeps what it was exported from (train_summary.json), so it exports again; without that it is
     some other in-library model, which --as does not take."""
