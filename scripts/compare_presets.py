@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from record import State, last_line, launch, say, stage_corpus
+from record import State, last_line, launch, open_state, say, stage_corpus
 
 # name of a run: (preset, kind, the run it is compared against). Rounds run two at a time, side by side.
 RUNS = {
@@ -238,23 +238,8 @@ KEPT = ("minutes", "seeds", "epochs", "smoke")  # fixed once started
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    state = State(args.out)
-    if not state.data.get("settings"):
-        state.data["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        state.data["command"] = " ".join(["python", "scripts/compare_presets.py", *sys.argv[1:]] if argv is None
-                                         else ["python", "scripts/compare_presets.py", *argv])
-    else:
-        kept = state.data["settings"]
-        changed = [k for k in KEPT if kept.get(k) != getattr(args, k)]
-        if changed:
-            was = ", ".join(f"{k}={kept.get(k)}" for k in changed)
-            sys.exit(f"error: {args.out} holds a comparison with other settings ({was}); run it with those, "
-                     "or use --out <new folder>")
-    if "machine" not in state.data:
-        from bench_sections.common import machine
-
-        state.data["machine"] = machine()
+    command = ["python", "scripts/compare_presets.py", *(sys.argv[1:] if argv is None else argv)]
+    state = open_state(args, KEPT, "comparison", command=" ".join(command))
     stage_corpus(args, state)
     stage_prepare(args, state)
     stage_pretrain(args, state)

@@ -75,6 +75,32 @@ class State:
         write_atomic(self.path, json.dumps(self.data, indent=2))
 
 
+def open_state(args, kept: tuple[str, ...], what: str, **first) -> State:
+    """<out>'s State, the folder made when new. An --out that holds files but no state.json is someone else's
+    (stages remove and rewrite their own folders in it): refused, left as it is. A run resumed with other `kept`
+    settings than it started with is refused too. first: what a new run records beside its settings."""
+    out = args.out
+    if out.is_dir() and any(out.iterdir()) and not (out / "state.json").is_file():
+        sys.exit(f"error: --out {out} holds files and is not a {what} folder (no state.json); it was left as it is: "
+                 "give a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    state = State(out)
+    if not state.data.get("settings"):  # the settings a resumed run must keep
+        state.data["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        state.data.update(first)
+    else:
+        changed = [k for k in kept if state.data["settings"].get(k) != getattr(args, k)]
+        if changed:
+            was = ", ".join(f"{k}={state.data['settings'].get(k)}" for k in changed)
+            sys.exit(f"error: {out} holds a {what} with other settings ({was}); run it with those, or use --out "
+                     "<new folder>")
+    if "machine" not in state.data:
+        from bench_sections.common import machine
+
+        state.data["machine"] = machine()
+    return state
+
+
 def place(source: Path, target: Path) -> None:
     """The file in the corpus folder itself (a hard link where the file system allows, else a copy): a data folder's
     files must lie inside it (docs/security.md), so a link to the shared data would be refused."""
@@ -263,21 +289,7 @@ def main(argv=None) -> None:
     if not (args.shared / "glue").is_dir():
         sys.exit(f"error: --shared {args.shared} has no glue/ folder (GLUE tasks in the glue_data layout); "
                  "point --shared at the folder holding glue/ and the prose")
-    args.out.mkdir(parents=True, exist_ok=True)
-    state = State(args.out)
-    if not state.data.get("settings"):  # the settings a resumed run must keep
-        state.data["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    else:
-        kept = state.data["settings"]
-        changed = [k for k in KEPT if kept.get(k) != getattr(args, k)]
-        if changed:
-            was = ", ".join(f"{k}={kept.get(k)}" for k in changed)
-            sys.exit(f"error: {args.out} holds a record run with other settings ({was}); run it with those, "
-                     "or use --out <new folder>")
-    if "machine" not in state.data:
-        from bench_sections.common import machine
-
-        state.data["machine"] = machine()
+    state = open_state(args, KEPT, "record run")
     stage_corpus(args, state)
     stage_prepare(args, state)
     stage_pretrain(args, state)

@@ -1,6 +1,7 @@
 """What a family of transformers' architectures declares (families/__init__.py), and helpers its tensor map uses."""
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +50,7 @@ COMMON = rules(
 )
 
 
-class Family:
+class Family(ABC):
     """What a family declares; the methods below are what the export asks."""
 
     name: str  # --as <name>
@@ -75,14 +76,14 @@ class Family:
                         f"{rule.needs}); {train}")
         return None
 
+    @abstractmethod
     def config(self, config, special: dict):
         """transformers' config of the exported model. special: the tokenizer's ids (pad, bos, eos, cls, sep,
         mask; None where it has none)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tensors(self, state: dict, config) -> dict:
         """The exported model's tensors from ours (`state`: the head's state dict)."""
-        raise NotImplementedError
 
     def back(self, theirs: dict, config, shapes: dict) -> dict:
         """Our head's tensors (`shapes`: their names and shapes) from an export's (`theirs`), by running `tensors`
