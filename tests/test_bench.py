@@ -70,7 +70,7 @@ def test_bad_input_is_one_error_line(tmp_path):
     for args, fragment in ((["--sections", "train,nope"], "--sections has nope"),
                            (["--train-rounds", "0"], "--train-rounds=0: must be positive"),
                            (["--generate-tokens", "0"], "--generate-tokens=0: must be positive"),
-                           (["--write-docs", str(docs)], "has no <!-- bench:begin -->"),
+                           (["--write-docs", str(docs), "--sections", "train"], "has no <!-- bench:begin -->"),
                            (["--shared", str(tmp_path / "missing")], "shared data not found")):
         result = bench(*args, "--out", str(tmp_path / "out"), timeout=60)
         assert result.returncode == 2, result.stderr
