@@ -230,7 +230,7 @@ class Fp8Config:
 @dataclass
 class ImplConfig:
     device: str = "auto"  # where to run; auto = cuda if present
-    precision: str = "auto"  # auto = bf16 on GPUs from compute capability 8.0, fp16 before, fp32 on cpu; fp8 (fp8.py)
+    precision: str = "auto"  # auto: bf16 on GPUs from capability 8.0, fp16 before; CPUs: bf16 where native and faster
     compile: bool | None = None  # null = on for cuda, off for cpu
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
     attention: str = "auto"  # the attention kernel; auto = triton on CUDA, sdpa elsewhere

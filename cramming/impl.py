@@ -3,6 +3,7 @@
 import contextlib
 import functools
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ class Runtime:
     loss: str = "plain"  # fused | plain (model/losses.py)
     compile_mode: str = "default"  # a name in COMPILE_MODES: what the engine passes to torch.compile
     peak_tflops: float | None = None  # impl.peak_tflops: the user's figure for MFU instead of the table's
+    why: str = ""  # impl.precision=auto: why this precision (the run's first lines say it)
 
     def autocast(self):
         """A context factory: autocast for bf16/fp16, nothing for fp32; fp8 runs what is not float8 in bf16."""
@@ -123,15 +125,18 @@ def auto_loss(device: torch.device) -> str:
     return "plain" if device.type == "cuda" else "fused"
 
 
-def resolve(impl, arch=None, documents: bool = False) -> Runtime:
-    """documents: data.document_masking, which the attention kernel must serve."""
+def resolve(impl, arch=None, documents: bool = False, training: bool = True) -> Runtime:
+    """documents: data.document_masking, which the attention kernel must serve. training: pretraining (CPUs may
+    choose bf16 under impl.precision=auto), not evaluation (CPU_EVAL_PRECISION)."""
     device_name = impl.device
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
     if device_name == "cuda" and not torch.cuda.is_available():
         raise UserError("impl.device=cuda but no CUDA device is visible; use impl=cpu or impl=auto")
     device = torch.device(device_name)
-    precision = auto_precision(device) if impl.precision == "auto" else impl.precision
+    precision, why = impl.precision, ""
+    if precision == "auto":
+        precision, why = auto_precision_why(device, training)
     if precision == "fp8" and (problem := fp8_device_problem(impl.fp8, device)):
         raise UserError(problem)
     compile_ = impl.compile if impl.compile is not None else device.type == "cuda"
@@ -140,7 +145,7 @@ def resolve(impl, arch=None, documents: bool = False) -> Runtime:
     loss = impl.loss if impl.loss != "auto" else auto_loss(device)
     if problem := compile_mode_problem(impl.compile_mode, compile_, impl.compile, device.type):
         raise UserError(problem)
-    return Runtime(device, precision, compile_, attention, rotary, loss, impl.compile_mode, impl.peak_tflops)
+    return Runtime(device, precision, compile_, attention, rotary, loss, impl.compile_mode, impl.peak_tflops, why)
 
 
 def fp8_device_problem(fp8, device: torch.device) -> str | None:
@@ -164,13 +169,69 @@ def device_problem(fp8, device_type: str, capability: tuple[int, int] | None) ->
     return None
 
 
-def auto_precision(device: torch.device) -> str:
-    """impl.precision=auto: bf16 autocast on GPUs from compute capability 8.0, fp16 with the grad scaler on older
-    ones (V100, T4, RTX 20xx: fp32 there would forgo their tensor cores), fp32 on CPUs."""
-    if device.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.get_device_capability(device) >= BF16_CAPABILITY else "fp16"
+def auto_precision(device: torch.device, training: bool = True) -> str:
+    return auto_precision_why(device, training)[0]
 
+
+def auto_precision_why(device: torch.device, training: bool = True) -> tuple[str, str]:
+    """impl.precision=auto, and why: bf16 autocast on GPUs from compute capability 8.0, fp16 with the grad scaler on
+    older ones (V100, T4, RTX 20xx: fp32 there would forgo their tensor cores); on CPUs, cpu_precision's choice for
+    pretraining, CPU_EVAL_PRECISION for evaluation."""
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability >= BF16_CAPABILITY:
+            return "bf16", f"compute capability {capability[0]}.{capability[1]} has bf16 tensor cores"
+        return "fp16", f"compute capability {capability[0]}.{capability[1]} has fp16 tensor cores but no bf16"
+    if not training:
+        return CPU_EVAL_PRECISION
+    return cpu_precision()
+
+
+# ---------------------------------------------------------------- bf16 on CPUs
+# A CPU with AMX or AVX512-BF16 multiplies bf16 matrices natively, several times faster than fp32 (2.6x on an
+# AMD EPYC with AVX512-BF16, 6.6x on a Xeon with AMX, docs/benchmarks.md); without them bf16 is emulated and slower.
+# impl.precision=auto pretrains in bf16 autocast where torch detects either and a probe measures bf16 products at
+# least BF16_MIN_SPEEDUP x fp32's, in fp32 elsewhere.
+BF16_MIN_SPEEDUP = 1.5
+PROBE_SIZE = 1024  # the probe's square products: a few milliseconds each in fp32
+# Fine-tuning and evaluation: fp32 on CPUs under auto (measured on RTE and SST-2, docs/benchmarks.md).
+CPU_EVAL_PRECISION = ("fp32", "evaluation on CPUs stays fp32 (docs/benchmarks.md, *bf16 on CPUs*)")
+
+
+def native_bf16() -> list[str]:
+    """The instruction sets this CPU multiplies bf16 matrices with, as torch detects them (none: bf16 is emulated)."""
+    found = [("AMX", torch.cpu._is_amx_tile_supported()), ("AVX512-BF16", torch.cpu._is_avx512_bf16_supported())]
+    return [name for name, present in found if present]
+
+
+def bf16_speedup(n: int = PROBE_SIZE, repeats: int = 3) -> float:
+    """bf16 over fp32 matrix-product speed at torch's thread count: the best of `repeats` n^3 products each, after
+    one warm-up (a few milliseconds in all)."""
+    best = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - start)
+        best[dtype] = min(times)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+@functools.cache
+def cpu_precision() -> tuple[str, str]:
+    """Pretraining's precision under impl.precision=auto on this CPU, and why (measured once per process)."""
+    native = native_bf16()
+    if not native:
+        return "fp32", "this CPU has no native bf16 matrix products (neither AMX nor AVX512-BF16)"
+    speedup = bf16_speedup()
+    if speedup < BF16_MIN_SPEEDUP:
+        return "fp32", (f"this CPU has {', '.join(native)}, but its bf16 matrix products measured {speedup:.1f}x "
+                        f"fp32's speed, under the {BF16_MIN_SPEEDUP}x that pays for autocast's casts")
+    return "bf16", (f"this CPU multiplies bf16 matrices natively ({', '.join(native)}), measured {speedup:.1f}x "
+                    "fp32's speed")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch, microbatch_size
 from .train.nonfinite import NONFINITE
-from .train.resume import Checkpointer, find_resume, load_checkpoint
+from .train.resume import Checkpointer, find_resume, load_checkpoint, saved_precision
 from .train.signals import StopFlag
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
@@ -69,6 +69,8 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     runtime = impl_.resolve(config.impl, config.arch, documents=config.data.document_masking)
     if (note := cpu_recipe_note(config, runtime.device.type)) and env_rank() == 0:
         print(note, flush=True)  # the GPU batch recipe on a CPU: say so before the run is mysteriously short
+    if runtime.why and env_rank() == 0:
+        print(f"precision {runtime.precision} (impl.precision=auto: {runtime.why})", flush=True)
     if config.dryrun:  # validate and build, touch no data: lets sweeps check every job in seconds
         return dryrun(config, runtime)
     engine = engines.setup(config.impl.distributed, runtime.device.type)
@@ -130,6 +132,22 @@ def resume(config: PretrainConfig, run_dir: Path, found: Path | None, engine, mo
     return state, found
 
 
+def pin_precision(config: PretrainConfig, runtime, found: Path | None, say):
+    """A resumed run under impl.precision=auto trains on in the precision its checkpoint was written in, whatever
+    auto would choose here (another machine, or a probe near its threshold): resume is bitwise within a precision."""
+    if found is None or config.impl.precision != "auto":
+        return runtime
+    saved = saved_precision(found, runtime.device.type)
+    if saved is None or saved == runtime.precision:
+        return runtime
+    pinned = impl_.resolve(replace(config.impl, precision=saved), config.arch,
+                           documents=config.data.document_masking)
+    pinned.device = runtime.device
+    say(f"precision {saved}, as {found.name} was trained (impl.precision=auto would choose {runtime.precision} "
+        "here): a resumed run keeps its precision", flush=True)
+    return pinned
+
+
 def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_start: float) -> dict:
     say = print if engine.main else quiet
     if engine.main:
@@ -140,6 +158,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     # Before any work: train.resume's folder exists, is whole, loads as plain data and fits this run; auto's
     # sibling run folders are read (and any that cannot be, skipped and said so).
     found = engine.broadcast(find_resume(config.train.resume, run_dir, config) if engine.main else None)
+    runtime = pin_precision(config, runtime, found, say)
     source = open_source(config.train.init_from, config.train.trust_remote_code) if config.train.init_from else None
     if source is not None:  # the run reads its text with the source's tokenizer
         config = with_source_tokenizer(config, source, config.data.cache_dir)
@@ -149,7 +168,7 @@ def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_star
     model, optimizer, scaler, objective = run.model, run.optimizer, run.scaler, run.objective
     averaging = build_averaging(config.train, engine.unwrap(model))  # before the microbatch probe: EMA's memory
     checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
-                                json.loads(json.dumps(asdict(config))), engine, averaging)
+                                json.loads(json.dumps(asdict(config))), engine, averaging, runtime.precision)
     checkpointer.tokenizer = tokenizer if engine.main else None
     state, resumed_from = resume(config, run_dir, found, engine, model, optimizer, scaler, say, averaging)
     microbatch = choose_microbatch(config, model, meta, runtime, engine, say)

@@ -252,6 +252,7 @@ SLOW_TESTS = {"test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted
               "test_a_rollback_takes_the_average_back_too",
               # ELECTRA: a resumed pair and the command line
               "test_resuming_is_bitwise_identical", "test_the_cli_trains_rtd_and_refuses_bad_values",
+              "test_resume_under_auto_bf16_is_bitwise_and_its_marker_says_bf16",
               "test_the_preset_pretrains_both_arms_and_fine_tunes_them",
               # token dropping: a resumed pair of whole runs, and a CLI run
               "test_resuming_gives_the_same_weights_and_importance_bitwise", "test_a_cli_run_drops_tokens_end_to_end",

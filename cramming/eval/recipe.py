@@ -148,14 +148,14 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     if benchmark.check_model is not None:  # zero-shot: a causal LM only
         benchmark.check_model(model_config)
     tasks, skipped = load_tasks(config)  # every task's files read and checked before any training
-    runtime = impl_.resolve(config.impl)
+    runtime = impl_.resolve(config.impl, training=False)  # auto: evaluation's own rule on CPUs (impl.py)
     torch.set_flush_denormal(True)  # as in pretraining: AdamW's moments decay into slow x86 denormals otherwise
     # The classifier head is new by design; transformers' per-load report of it would repeat for every run.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     why = comparability(config, skipped)
     print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
-          f"on {runtime.device}" + ("" if not why else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"),
+          f"on {runtime.device} in {runtime.precision}" + ("" if not why else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"),
           flush=True)
     models, table_rows, predictions = run_models(config, checkpoint, tokenizer, tasks, runtime, run_dir)
     results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,

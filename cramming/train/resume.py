@@ -58,8 +58,9 @@ class Checkpointer:
     it has any), and rank 0 alone writes the rest, the marker and the rename."""
 
     def __init__(self, run_dir: Path, every_minutes: float | None, keep: int, config: dict,
-                 engine: Engine | None = None, averaging=None):
+                 engine: Engine | None = None, averaging=None, precision: str | None = None):
         self.folder = Path(run_dir) / "checkpoints"
+        self.precision = precision  # what the run trains in: its marker says it (impl.precision=auto's resume)
         self.every = None if every_minutes is None else every_minutes * 60
         self.keep, self.config = keep, config
         self.dist = engine or Engine()
@@ -102,7 +103,7 @@ class Checkpointer:
         self.dist.barrier()
         if self.dist.main:
             (tmp / MARKER).write_text(json.dumps({"step": state.step, "world": self.dist.world,
-                                                  "written_at": time.time()}))
+                                                  "precision": self.precision, "written_at": time.time()}))
             _fsync_tree(tmp)
             remove(final)
             os.rename(tmp, final)
@@ -115,6 +116,16 @@ class Checkpointer:
     def latest(self) -> Path | None:
         found = complete_checkpoints(self.folder.parent)
         return found[-1] if found else None
+
+
+def saved_precision(step: Path, device_type: str) -> str | None:
+    """The precision a step folder trained in: its marker's; for one written before markers said it, what
+    impl.precision=auto chose then (fp32 on CPUs; on GPUs the choice has not changed: None, keep this run's)."""
+    marker = read_json(Path(step) / MARKER, what="step folder marker")
+    value = marker.get("precision") if isinstance(marker, dict) else None
+    if value in ("fp32", "bf16", "fp16"):
+        return value
+    return "fp32" if device_type == "cpu" else None
 
 
 def load_checkpoint(path: Path, model, optimizer, scaler, engine: Engine | None = None,
