@@ -88,6 +88,9 @@ def ieee_fp32(device: torch.device, dtype) -> bool:
 # `auto`'s preference, fastest first: Triton where it may run (on CUDA, TF32 allowed), then SDPA, then eager, which
 # serves every pattern. The first that can serve the run is taken; a refused choice's message lists the others.
 AUTO_ATTENTION = ("triton", "sdpa", "eager")
+# bf16 on a CPU: the eager formula with bf16 products first. SDPA's CPU kernel takes about 3.7x as long forward and
+# backward in bf16 at a crammed BERT's shapes (docs/benchmarks.md, *bf16 on CPUs*), its bf16 backward being slow.
+CPU_BF16_ATTENTION = ("matmul", "sdpa", "eager")
 
 
 def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=None,
@@ -103,7 +106,8 @@ def resolve_kernels(name: str, rotary: str, arch, device: torch.device, dtype=No
 
     if name == "auto":
         triton_ok = device.type == "cuda" and no_triton is None and not ieee_fp32(device, dtype)
-        name = next(c for c in AUTO_ATTENTION
+        order = CPU_BF16_ATTENTION if device.type == "cpu" and dtype == torch.bfloat16 else AUTO_ATTENTION
+        name = next(c for c in order
                     if (triton_ok or not ATTENTION_KERNELS.trait(c, "needs_triton")) and problem(c) is None)
     if reason := problem(name):
         ranked = [*AUTO_ATTENTION, *sorted(set(ATTENTION_KERNELS) - set(AUTO_ATTENTION))]

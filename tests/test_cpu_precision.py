@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import REPO
-from test_resume import sigterm_at  # noqa: F401  (a fixture)
 from hydra import compose, initialize_config_dir
+from test_resume import sigterm_at  # noqa: F401  (a fixture)
 
 from cramming import impl
 from cramming.pretraining import pin_precision
@@ -151,3 +151,43 @@ def test_resume_under_auto_bf16_is_bitwise_and_its_marker_says_bf16(cpu, sigterm
     assert marker["precision"] == "bf16"
     want, got = (load_file(tmp_path / d / "checkpoint" / "model.safetensors") for d in ("whole", "stopped"))
     assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def qkv(dtype, seq=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, seq, 8, generator=g).to(dtype).requires_grad_() for _ in range(3)]
+
+
+@pytest.mark.parametrize("spec", [{}, {"causal": True}, {"window": 3}, {"alibi": True, "causal": True}, {"topk": 4},
+                                  {"padding": "last-5"}, {"documents": "two"}])
+def test_the_matmul_kernel_is_the_eager_formula_in_the_inputs_dtype(spec):
+    """fp32 inputs: eager's numbers, forward and backward. bf16 inputs: eager's to bf16 precision (its products
+    round q, k, the probabilities and v to 8 bits of mantissa), and its output and gradients stay bf16."""
+    from cramming.model.attention import eager_attention, matmul_attention
+    from cramming.model.masks import AttentionSpec
+
+    fields = dict(spec)
+    if fields.get("padding") == "last-5":
+        fields["padding"] = torch.arange(16).expand(2, 16) < 11
+    if fields.get("documents") == "two":
+        fields["documents"] = (torch.arange(16) >= 7).long().expand(2, 16)
+    spec = AttentionSpec(**fields)
+    for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, 3e-2)):
+        grads = []
+        for kernel in (eager_attention, matmul_attention):
+            q, k, v = qkv(dtype)
+            out = kernel(q, k, v, spec)
+            out.float().square().sum().backward()
+            grads.append((out, q.grad, k.grad, v.grad))
+        for want, got in zip(*grads, strict=True):
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.float(), want.float(), rtol=tolerance, atol=tolerance)
+        if dtype == torch.bfloat16 and spec.topk is None:  # its products really ran in bf16
+            assert not torch.equal(grads[0][0], grads[1][0])
+
+
+def test_auto_attention_on_cpu_is_matmul_in_bf16_and_sdpa_in_fp32(cpu):
+    cpu(["AMX"], speedup=6.0)
+    assert impl.resolve(auto_impl(attention="auto")).attention == "matmul"
+    assert impl.resolve(auto_impl(attention="auto", precision="fp32")).attention == "sdpa"
+    assert impl.resolve(auto_impl(attention="sdpa")).attention == "sdpa"  # an explicit kernel is kept

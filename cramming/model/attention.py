@@ -99,16 +99,28 @@ def eager_attention(q, k, v, spec: AttentionSpec = AttentionSpec()):
     return weighted_values(eager_probs(q, k, spec), v, spec)
 
 
+@attention_kernel("matmul", serves=set(FEATURES))
+def matmul_attention(q, k, v, spec: AttentionSpec | None = None):
+    """The eager formula with its two products in the inputs' dtype (bf16 under autocast: a CPU's AMX or
+    AVX512-BF16 units) and the softmax in fp32. impl.attention=auto takes it for bf16 on CPUs, where SDPA's bf16
+    backward is several times slower (impl.resolve_kernels). Top-k selects on eager's fp32 scores: rounded ones
+    would choose other keys."""
+    spec = spec or AttentionSpec()
+    probs = eager_probs(q, k, spec, exact=spec.topk is not None)
+    probs = F.dropout(probs, p=spec.dropout_p, training=spec.dropout_p > 0)
+    return probs.to(v.dtype) @ v
+
+
 def weighted_values(probs, v, spec: AttentionSpec) -> torch.Tensor:
     """The attention probabilities (after the spec's dropout) times the values, in v's dtype."""
     probs = F.dropout(probs, p=spec.dropout_p, training=spec.dropout_p > 0)
     return (probs @ v.float()).to(v.dtype)
 
 
-def eager_probs(q, k, spec: AttentionSpec) -> torch.Tensor:
+def eager_probs(q, k, spec: AttentionSpec, exact: bool = True) -> torch.Tensor:
     """softmax(q k^T * scale + bias, masked) in fp32, (batch, heads, queries, keys): the probabilities that
-    output_attentions returns; a query that sees nothing gets zeros."""
-    scores = q.float() @ k.float().transpose(-2, -1)
+    output_attentions returns; a query that sees nothing gets zeros. exact=False: q k^T in the inputs' dtype."""
+    scores = q.float() @ k.float().transpose(-2, -1) if exact else (q @ k.transpose(-2, -1)).float()
     scores = scores / math.sqrt(q.shape[-1]) if spec.scale is None else scores * spec.scale
     additive = score_bias(q, spec.alibi, spec.bias)
     if additive is not None:

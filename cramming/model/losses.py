@@ -112,49 +112,61 @@ class LinearCrossEntropy(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
             row_losses = torch.empty(h.shape[0], dtype=torch.float32, device=hidden.device)
             grad_hidden = torch.empty_like(hidden)
-            written = plain and h.shape[0] > 0  # the first chunk's matmul writes every element
-            grad_weight = (torch.empty_like if written else torch.zeros_like)(weight, dtype=torch.float32)
+            # the first chunk's matmul writes every element of grad_weight; no rows: zeros
+            grad_weight = (torch.empty_like if h.shape[0] > 0 else torch.zeros_like)(weight, dtype=torch.float32)
             grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
             rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
-            buffer = torch.empty(min(rows, h.shape[0]), weight.shape[0], dtype=torch.float32, device=hidden.device)
+            shape = (min(rows, h.shape[0]), weight.shape[0])
+            buffer = torch.empty(shape, dtype=torch.float32, device=hidden.device)
+            low = None if plain else torch.empty(shape, dtype=dtype, device=hidden.device)  # logits, then gradient
             slopes = None if softcap is None else torch.empty_like(buffer)
             for start in range(0, h.shape[0], rows):
                 chunk, keep = h[start:start + rows], valid[start:start + rows]
+                n = chunk.shape[0]
                 target = targets[start:start + rows].clamp(min=0)[:, None]
-                logits = buffer[:chunk.shape[0]]  # one buffer for every chunk: fresh memory costs page faults
+                # one buffer for every chunk (fresh memory costs page faults), each pass over it counted: on a CPU
+                # the elementwise passes over (rows x vocab) cost about as much as the matmuls
+                logits = buffer[:n]
                 if plain:
                     torch.matmul(chunk, w.t(), out=logits)
-                else:
-                    logits.copy_(chunk @ w.t())
+                else:  # CPUs cast mixed-dtype elementwise ops through a temporary: one explicit cast instead
+                    torch.matmul(chunk, w.t(), out=low[:n])
+                    logits.copy_(low[:n])
                 if b is not None:
                     logits += b
                 if softcap is not None:
-                    slope = slopes[:chunk.shape[0]]
+                    slope = slopes[:n]
                     torch.square(logits.div_(softcap).tanh_(), out=slope)
                     slope.neg_().add_(1.0)  # d capped / d logits
                     logits.mul_(softcap)
-                lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-                row_loss = (lse.squeeze(1) - logits.gather(1, target).squeeze(1)) * keep
+                picked = logits.gather(1, target).squeeze(1)
+                top = logits.amax(dim=-1, keepdim=True)
+                exps = logits.sub_(top).exp_()
+                sums = exps.sum(dim=-1, keepdim=True)
+                row_loss = (top.squeeze(1) + sums.log().squeeze(1) - picked) * keep
                 total += row_loss.sum()
                 row_losses[start:start + rows] = row_loss
-                # d(mean loss)/d(logits) = (softmax - one_hot) / count on kept rows, zero on ignored ones
-                grad = logits.sub_(lse).exp_()
-                grad.scatter_add_(1, target, -keep[:, None].float())
-                grad.mul_(keep[:, None] * scale)
+                # d(mean loss)/d(logits) = (softmax - one_hot) / count on kept rows, zero on ignored ones:
+                # (exps - sums * one_hot) * keep / (count * sums)
+                exps.scatter_add_(1, target, -sums)
+                exps.mul_(keep[:, None] * scale / sums)
                 if softcap is not None:
-                    grad.mul_(slope)
+                    exps.mul_(slope)
+                if grad_bias is not None:
+                    grad_bias += exps.sum(0)
+                grad = exps if plain else low[:n].copy_(exps)
                 if plain:
                     torch.matmul(grad, w, out=grad_hidden[start:start + rows])
-                    if start == 0:  # the first chunk writes, the others add: no zero-filled start
-                        torch.matmul(grad.t(), chunk, out=grad_weight)
-                    else:
-                        grad_weight.addmm_(grad.t(), chunk)
                 else:
-                    low = grad.to(dtype)
-                    grad_hidden[start:start + rows] = low @ w
-                    grad_weight += (low.t() @ chunk).float()
-                if grad_bias is not None:
-                    grad_bias += grad.sum(0)
+                    grad_hidden[start:start + rows] = grad @ w
+                if plain and start == 0:  # the first chunk writes, the others add: no zero-filled start
+                    torch.matmul(grad.t(), chunk, out=grad_weight)
+                elif plain:
+                    grad_weight.addmm_(grad.t(), chunk)
+                elif start == 0:
+                    grad_weight.copy_(grad.t() @ chunk)
+                else:
+                    grad_weight += (grad.t() @ chunk).float()
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.has_bias = bias is not None
         ctx.weight_dtype = weight.dtype
