@@ -233,7 +233,7 @@ class ImplConfig:
     precision: str = "auto"  # auto: bf16 on GPUs from capability 8.0, fp16 before; CPUs: bf16 where native and faster
     compile: bool | None = None  # null = on for cuda, off for cpu
     microbatch_size: Any = 128  # sequences per forward pass, or auto (the largest that fits the GPU)
-    attention: str = "auto"  # the attention kernel; auto = triton on CUDA, sdpa elsewhere
+    attention: str = "auto"  # the attention kernel; auto = triton on CUDA, matmul for bf16 on CPU, else sdpa
     rotary: str = "auto"  # the rotary kernel; auto = triton on CUDA, torch elsewhere
     loss: str = "auto"  # the loss head (fused: in chunks); auto = fused on CPU, plain on CUDA
     num_workers: int = 0  # data loader worker processes

@@ -38,8 +38,12 @@ def test_smoke_run_measures_every_section_and_rewrites_only_its_docs_block(tmp_p
         assert isinstance(t["value"], float) and t["value"] > 0, t
         assert t["status"] in {"PASS", "FAIL", "INFO"}, t
     train = sections["train"]
-    assert [c["arch"] for c in train["cases"]] == ["crammed-bert-tiny", "gpt-tiny"] and train["peak_flops"] > 0
-    assert [c["hf_model"] for c in train["cases"]] == ["BertForMaskedLM", "GPT2LMHeadModel"]
+    # every pair in each precision timed (fp32 on a CPU, and bf16 where auto pretrains in it), with its peaks
+    assert [(c["arch"], c["precision"]) for c in train["cases"]] == \
+        [(arch, p) for arch in ("crammed-bert-tiny", "gpt-tiny") for p in train["precisions"]]
+    assert train["precisions"][0] == "fp32" and train["peak_flops"] > 0 and train["peaks"]["fp32"] > 0
+    assert list(dict.fromkeys(c["hf_model"] for c in train["cases"])) == ["BertForMaskedLM", "GPT2LMHeadModel"]
+    assert all(set(c["models"]["ours"]["mfu_of"]) == set(train["peaks"]) for c in train["cases"])
     assert sections["quality"]["ours"]["val_loss"] == sections["quality"]["ours"]["val_loss_pretrain_py"]
     assert set(sections["data"]["runs"]) == {"ours 1x", "HF 1x", "ours 2x", "HF 2x"}
     assert sections["finetune"]["results"]["ours"]["examples"] == 64

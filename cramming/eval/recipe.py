@@ -154,9 +154,10 @@ def evaluate(config: EvalRunConfig, run_dir: Path) -> Path:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     why = comparability(config, skipped)
+    chosen = f" (impl.precision=auto: {runtime.why})" if runtime.why else ""
     print(f"evaluating {checkpoint} on {', '.join(t.name for t in tasks)} with {config.eval.seeds} seed(s) "
-          f"on {runtime.device} in {runtime.precision}" + ("" if not why else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"),
-          flush=True)
+          f"on {runtime.device} in {runtime.precision}{chosen}"
+          + ("" if not why else f" — NOT COMPARABLE to {benchmark.title} ({describe(why)})"), flush=True)
     models, table_rows, predictions = run_models(config, checkpoint, tokenizer, tasks, runtime, run_dir)
     results = {"checkpoint": str(checkpoint), "model_type": model_config.model_type, "skipped": skipped,
                "models": models, "complete": True, "comparable": not why,
