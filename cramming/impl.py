@@ -88,8 +88,8 @@ def ieee_fp32(device: torch.device, dtype) -> bool:
 # `auto`'s preference, fastest first: Triton where it may run (on CUDA, TF32 allowed), then SDPA, then eager, which
 # serves every pattern. The first that can serve the run is taken; a refused choice's message lists the others.
 AUTO_ATTENTION = ("triton", "sdpa", "eager")
-# bf16 on a CPU: the eager formula with bf16 products first. SDPA's CPU kernel takes about 3.7x as long forward and
-# backward in bf16 at a crammed BERT's shapes (docs/benchmarks.md, *bf16 on CPUs*), its bf16 backward being slow.
+# bf16 on a CPU: the eager formula with bf16 products first; SDPA's CPU kernel has a slow bf16 backward (the
+# benchmark's train section times whole steps with each: docs/benchmarks.md).
 CPU_BF16_ATTENTION = ("matmul", "sdpa", "eager")
 
 
