@@ -18,7 +18,7 @@ Machines are noisy: measurements alternate between the two sides and medians cou
 a reference timed in the same run. Every ratio is printed with its target and PASS / FAIL, the results go to
 <out>/bench.json and <out>/bench.md, and --write-docs replaces the block between the bench markers in that file.
 
-    python scripts/bench.py --write-docs docs/benchmarks.md    # the full suite: about 13 minutes on 2 CPU cores
+    python scripts/bench.py --write-docs docs/benchmarks.md    # the full suite: about 11 minutes on 2 CPU cores
     python scripts/bench.py --smoke --out /tmp/bench           # every code path in well under a minute, numbers meaningless
     python scripts/bench.py --sections train,data              # a subset
     python scripts/bench.py --sections generate --out /tmp/g   # the KV cache speed-up alone (3 minutes on 2 cores)
