@@ -14,6 +14,8 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .checkpoints.model_folder import save_checkpoint
+from .checkpoints.step_folder import MARKER
 from .data.tokenizer import read_tokenizer
 from .errors import UserError, exit_on_user_error
 from .export_families import export_as, fits_lines
@@ -23,8 +25,7 @@ from .families import TOLERANCE as FAMILIES_TOLERANCE
 from .impl import Runtime
 from .model.arch import ArchConfig
 from .run import build_model, count_parameters
-from .train.checkpoint import save_checkpoint
-from .train.resume import MARKER, read_step
+from .train.checkpointing import read_step
 from .untrusted import plain_data
 
 

@@ -12,14 +12,14 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 from .card import write_card
+from .checkpoints.model_folder import SUMMARY, claim_model_folder, is_our_summary, no_shard_bar
+from .checkpoints.step_folder import MARKER
 from .data.tokenizer import for_generation
 from .errors import UserError
 from .eval.checkpoint import check_checkpoint
 from .eval.finetune import Checkpoint, auto_model
 from .families import FAMILIES, TOLERANCE, Family
 from .outputs import remove, replace_folder, temp_folder, writing
-from .train.checkpoint import SUMMARY, claim_model_folder, is_our_summary, no_shard_bar
-from .train.resume import MARKER
 from .untrusted import inside, read_json
 
 

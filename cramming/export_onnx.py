@@ -18,10 +18,10 @@ import torch
 import transformers
 
 from . import model as crammed
+from .checkpoints.model_folder import check_crammed_config, check_sizes, check_weights
 from .errors import UserError
 from .model_code import foreign_code
 from .outputs import writing
-from .train.checkpoint import check_crammed_config, check_sizes, check_weights
 from .untrusted import read_json_object, refuse_links_outside
 
 TOLERANCE = 1e-4  # onnxruntime against PyTorch, on the real tokens of a padded batch

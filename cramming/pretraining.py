@@ -17,6 +17,8 @@ from . import engines
 from . import impl as impl_
 from .atomic import write_atomic
 from .card import launch_command
+from .checkpoints.model_folder import save_checkpoint
+from .checkpoints.step_folder import saved_precision
 from .config import PretrainConfig
 from .data.loader import train_batches
 from .data.prepare import load_tokenizer, prepare_data
@@ -26,7 +28,7 @@ from .errors import refuse
 from .kernels import autotune_seconds
 from .run import build_model, build_run, count_parameters, flops_per_token, quiet
 from .train.averaging import average_final, build_averaging
-from .train.checkpoint import save_checkpoint
+from .train.checkpointing import Checkpointer, find_resume, load_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
 from .train.heldout import PeriodicHeldout, heldout_metrics, target_summary
@@ -35,7 +37,6 @@ from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
 from .train.microbatch import auto_microbatch, microbatch_size
 from .train.nonfinite import NONFINITE
-from .train.resume import Checkpointer, find_resume, load_checkpoint, saved_precision
 from .train.signals import StopFlag
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer

@@ -9,8 +9,8 @@ import huggingface_hub
 from huggingface_hub.errors import HfHubHTTPError
 
 from .card import CARD
+from .checkpoints.model_folder import is_complete
 from .errors import UserError, exit_on_user_error
-from .train.checkpoint import is_complete
 from .untrusted import refuse_links_outside
 
 

@@ -51,7 +51,7 @@ BREAKS = [
           "clip_grad_norm_(model.parameters(), math.inf)",
           "the optimizer step measures the gradient norm but never clips it (train.grad_clip ignored)",
           ("tests/test_run.py",)),
-    Break("cramming/train/resume.py",
+    Break("cramming/train/checkpointing.py",
           "        if self.averaging is not None:  # every rank averages the same whole weights: rank 0's copy is saved\n"
           "            saved[\"averaging\"] = self.averaging.state_dict()\n",
           "",

@@ -20,11 +20,12 @@ from conftest import REPO, one_line_error, run_command
 from test_resume import TINY
 
 from cramming import run_folder
+from cramming.checkpoints.model_folder import save_checkpoint
+from cramming.checkpoints.step_folder import complete_checkpoints
 from cramming.errors import UserError
 from cramming.export import export_step
 from cramming.outputs import fault_reason
-from cramming.train.checkpoint import save_checkpoint
-from cramming.train.resume import Checkpointer, complete_checkpoints, load_checkpoint
+from cramming.train.checkpointing import Checkpointer, load_checkpoint
 from cramming.train.state import TrainState
 
 
@@ -234,8 +235,8 @@ def test_a_full_disk_during_an_export_leaves_no_half_folder(source_run, tmp_path
 
 
 def test_a_full_disk_during_the_final_checkpoint_removes_its_temporary_folder(source_run, tmp_path):
+    from cramming.checkpoints.model_folder import is_complete
     from cramming.run import build_model  # noqa: F401  the model class: a real save's files
-    from cramming.train.checkpoint import is_complete
 
     source = source_run / "checkpoint"
     summary = json.loads((source / "train_summary.json").read_text())
@@ -454,9 +455,10 @@ def test_a_name_part_longer_than_a_file_name_may_be_is_one_line(tmp_path):
 
 
 def test_a_share_into_a_dangling_link_or_its_own_folder_is_refused(tmp_path):
+    from test_resume import config_for
+
     from cramming.data.prepare import prepare_data
     from cramming.data.share import export_prepared
-    from test_resume import config_for
 
     folder, _ = prepare_data(config_for(*TINY, f"data.cache_dir={tmp_path / 'cache'}").data)
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")

@@ -19,15 +19,16 @@ from test_loading_safety import custom_task
 from test_resume import TINY, config_for
 
 from cramming import hub, model_code, pretraining, report
+from cramming.checkpoints.pickled import load_saved
 from cramming.errors import UserError
 from cramming.eval.checkpoint import check_checkpoint
 from cramming.eval.finetune import Checkpoint
 from cramming.eval.recipe import update_card
 from cramming.export import export_step
 from cramming.push import push
+from cramming.train.checkpointing import find_resume
 from cramming.train.init_from import open_source
-from cramming.train.resume import find_resume
-from cramming.train.state import capture_rng, load_saved
+from cramming.train.state import capture_rng
 from cramming.untrusted import available_memory
 
 
@@ -549,7 +550,7 @@ def test_a_folder_or_fifo_where_a_data_file_should_be_is_one_line(tmp_path):
 def test_a_safetensors_header_that_lies_is_refused(tmp_path, spans, metadata):
     """Two tensors over the same bytes, a gap between them, a __metadata__ that is not strings: safetensors' own
     reader fails on each deep inside loading."""
-    from cramming.train.checkpoint import check_safetensors
+    from cramming.checkpoints.model_folder import check_safetensors
 
     header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": spans[0]},
               "b": {"dtype": "F32", "shape": [4], "data_offsets": spans[1]}, "__metadata__": metadata}

@@ -21,7 +21,7 @@ from cramming.model.configuration_crammed import CrammedConfig
 from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.renames import RENAMED, moved
 from cramming.rules import registry_keys, schema_problems
-from cramming.train.resume import Checkpointer, find_resume
+from cramming.train.checkpointing import Checkpointer, find_resume
 from cramming.train.state import TrainState
 from cramming.validation import load_config
 

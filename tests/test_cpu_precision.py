@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from test_resume import sigterm_at  # noqa: F401  (a fixture)
 
 from cramming import impl
+from cramming.checkpoints.step_folder import MARKER
 from cramming.pretraining import pin_precision
 from cramming.run import build_run
-from cramming.train.resume import MARKER
 from cramming.validation import load_config
 
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=2", "arch.hidden_size=64", "arch.num_heads=2",

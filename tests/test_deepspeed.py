@@ -15,11 +15,12 @@ from test_distributed import TINY, Distributed, check_distributed, records, stop
 from test_resume import config_for, final_weights, logged_steps, poison  # noqa: F401  (a fixture)
 
 from cramming import pretraining
+from cramming.checkpoints.step_folder import MARKER
 from cramming.engines import Torchrun, setup
 from cramming.engines import deepspeed as deepspeed_engine
 from cramming.errors import RunStopped, UserError
 from cramming.impl import resolve
-from cramming.train.resume import MARKER, load_weights
+from cramming.train.checkpointing import load_weights
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                      reason="DeepSpeed is not installed (pip install -e '.[deepspeed]')")

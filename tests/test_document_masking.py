@@ -8,7 +8,7 @@ import torch
 
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import ATTENTION_KERNELS, attention_kernel, kernel_problem
-from cramming.model.masks import document_positions
+from cramming.model.context import document_positions
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS
 from cramming.train.objectives import build_objective, documents_of

@@ -12,11 +12,11 @@ from safetensors.torch import save_file
 from test_eval_cli import FAST, evaluate_in_process, run_eval
 
 from cramming import hub
+from cramming.checkpoints.model_folder import SUMMARY, check_safetensors
 from cramming.errors import UserError
 from cramming.eval import recipe as evaluation
 from cramming.eval.tasks import GLUE_SET, GLUE_TASKS
 from cramming.hub import OFFLINE_VARIABLES
-from cramming.train.checkpoint import SUMMARY, check_safetensors
 
 
 def eval_config(*overrides):

@@ -15,6 +15,7 @@ from conftest import glue_folder
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
 
+from cramming.checkpoints.step_folder import MARKER
 from cramming.errors import UserError
 from cramming.eval import recipe
 from cramming.eval.classifier_head import Classifier
@@ -27,7 +28,6 @@ from cramming.eval.tasks import GLUE_SET, Example, TaskData
 from cramming.eval.token_head import encode_words
 from cramming.impl import Runtime
 from cramming.model import CrammedConfig, CrammedForMaskedLM, auto_map_of
-from cramming.train.resume import MARKER
 
 CPU = Runtime(torch.device("cpu"), "fp32", False)
 WORDS = [f"w{i}" for i in range(40)]

@@ -15,7 +15,8 @@ import torch
 
 from cramming.model import CrammedConfig, CrammedForCausalLM
 from cramming.model.attention import ATTENTION_KERNELS, kernel_problem
-from cramming.model.masks import CACHE_KEY, position_ids_from_mask
+from cramming.model.context import position_ids_from_mask
+from cramming.model.kv_cache import CACHE_KEY
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS
 

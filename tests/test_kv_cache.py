@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cramming.model import CrammedConfig, CrammedForCausalLM
-from cramming.model.masks import CACHE_KEY, alibi_bias, alibi_bias_at, visible_keys
+from cramming.model.kv_cache import CACHE_KEY
+from cramming.model.masks import alibi_bias, alibi_bias_at, visible_keys
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS
 
@@ -127,7 +128,7 @@ def test_generation_projects_only_the_last_position_onto_the_vocabulary():
 
 def test_a_cached_step_builds_its_mask_and_rotary_tables_once_for_all_layers(monkeypatch):
     """A decode step is mostly small ops: the layers of one cached step share its mask and rotary tables
-    (masks.Context.shared) instead of each building them, and each turns q and k in one kernel call."""
+    (context.Context.shared) instead of each building them, and each turns q and k in one kernel call."""
     from cramming.model import attention, rotary
 
     model = tiny_model(position="rotary", num_layers=3)

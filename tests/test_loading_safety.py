@@ -16,11 +16,12 @@ from test_eval_cli import evaluate_in_process, run_eval
 from test_resume import TINY, config_for
 
 from cramming import hub, pretraining
+from cramming.checkpoints.pickled import load_saved
 from cramming.errors import UserError
 from cramming.export import export_step
 from cramming.model_code import blob_id, foreign_code, ours
 from cramming.train.init_from import open_source
-from cramming.train.state import capture_rng, load_saved, restore_rng
+from cramming.train.state import capture_rng, restore_rng
 
 
 class WritesMarker:

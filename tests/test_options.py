@@ -19,6 +19,7 @@ from torch import nn
 import cramming.data.loader as loader_module
 from cramming import pretraining
 from cramming import run as run_module
+from cramming.checkpoints.step_folder import complete_checkpoints
 from cramming.data.tokenizer import train_tokenizer
 from cramming.errors import UserError
 from cramming.model import CrammedForCausalLM
@@ -31,7 +32,6 @@ from cramming.model.rotary import ROTARY_IMPLS
 from cramming.pretraining import pretrain
 from cramming.train.lion import Lion
 from cramming.train.optim import Combined
-from cramming.train.resume import complete_checkpoints
 from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

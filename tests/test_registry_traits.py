@@ -17,6 +17,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from cramming.checkpoints.step_folder import MARKER
 from cramming.config import PretrainConfig, TrainConfig
 from cramming.engines import ENGINES
 from cramming.errors import UserError
@@ -41,12 +42,12 @@ from cramming.pretraining import measure_untrained
 from cramming.registry import Registry
 from cramming.run import build_model, flops_per_token
 from cramming.train.averaging import AVERAGING
+from cramming.train.checkpointing import check_written_alike
 from cramming.train.fp8 import fp8_problem, torchao_problem
 from cramming.train.masking import MASKINGS, mask_count
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES, build_objective
 from cramming.train.optim import OPTIMIZERS
-from cramming.train.resume import MARKER, check_written_alike
 from cramming.train.schedule import window_schedule_problem
 from cramming.train.state import TrainState
 from cramming.train.trainer import Budget, StepPlan, Trainer

@@ -20,9 +20,10 @@ from safetensors.torch import load_file
 
 from cramming import pretraining
 from cramming import run as run_module
+from cramming.checkpoints.model_folder import is_complete
+from cramming.checkpoints.step_folder import complete_checkpoints
 from cramming.errors import RunStopped, UserError, exit_on_user_error
-from cramming.train.checkpoint import is_complete
-from cramming.train.resume import Checkpointer, complete_checkpoints, find_resume
+from cramming.train.checkpointing import Checkpointer, find_resume
 from cramming.train.state import TrainState
 from cramming.validation import load_config
 
@@ -96,7 +97,7 @@ def test_sigterm_then_resume_is_bitwise_identical_to_an_uninterrupted_run(tmp_pa
 def test_sigkill_while_writing_leaves_the_previous_checkpoint(tmp_path):
     script = textwrap.dedent(f"""
         import time, torch
-        from cramming.train.resume import Checkpointer
+        from cramming.train.checkpointing import Checkpointer
         from cramming.train.state import TrainState
         model = torch.nn.Linear(4, 4)
         opt = torch.optim.AdamW(model.parameters())

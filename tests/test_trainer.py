@@ -21,11 +21,11 @@ from cramming.errors import RunStopped, UserError
 from cramming.impl import Runtime
 from cramming.pretraining import pretrain
 from cramming.run import build_model
+from cramming.train.checkpointing import Checkpointer
 from cramming.train.hooks import Hook
 from cramming.train.masking import PositionalMasks
 from cramming.train.objectives import build_objective
 from cramming.train.optim import build_optimizer
-from cramming.train.resume import Checkpointer
 from cramming.train.state import TrainState
 from cramming.train.trainer import Budget, Parts, Trainer
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from ..checkpoints.model_folder import SUMMARY, check_sizes, check_weights, is_complete
+from ..checkpoints.step_folder import MARKER as RESUME_MARKER
 from ..errors import UserError
 from ..hub import bounds, model_folder, refuse_foreign_code
 from ..model_code import foreign_code
 from ..run_folder import name_problem
-from ..train.checkpoint import SUMMARY, check_sizes, check_weights, is_complete
-from ..train.resume import MARKER as RESUME_MARKER
 from ..untrusted import check_tokenizer_files, leads_outside, link_outside, read_json
 from .config import EvalRunConfig
 from .exported import read_back

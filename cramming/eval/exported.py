@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from .. import model as crammed
+from ..checkpoints.model_folder import SUMMARY, is_our_summary
 from ..errors import UserError
 from ..families import FAMILIES, Family
-from ..train.checkpoint import SUMMARY, is_our_summary
 from ..untrusted import inside, plain_data, read_json
 
 

@@ -21,9 +21,9 @@ from transformers import CONFIG_MAPPING, AutoConfig, get_scheduler
 from transformers.configuration_utils import get_configuration_file
 
 from .. import model as crammed
+from ..checkpoints.model_folder import check_crammed_config
 from ..errors import UserError
 from ..registry import Registry
-from ..train.checkpoint import check_crammed_config
 from ..untrusted import inside, read_json
 from .glue_metrics import compute_metrics
 from .tasks import TaskData

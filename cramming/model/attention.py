@@ -12,7 +12,8 @@ from torch.nn import functional as F
 
 from .ffn import build_norm
 from .linear import build_linear
-from .masks import PLAIN, AttentionSpec, Context, alibi_bias, alibi_bias_at, alibi_slopes, same_document, visible_keys  # noqa: F401  (this API)
+from .context import PLAIN, Context
+from .masks import AttentionSpec, alibi_bias, alibi_bias_at, alibi_slopes, same_document, visible_keys  # noqa: F401  (this API)
 from .parametrization import parametrization
 from .patterns import PATTERNS
 from .positions import POSITIONS
@@ -146,7 +147,7 @@ def attend_at(q, k, v, spec: AttentionSpec, pattern, positions=None, record: lis
     mask needs their positions), with the same mask and bias as the square kernels (mask_at). One formula for every
     impl.attention (the fused kernels need equal q and k lengths): SDPA with the mask as an additive bias, or the
     eager formula for top-k and when `record` (a list) keeps the probabilities; a query that sees nothing gets
-    zeros. shared: the forward's dict the layers share (masks.Context.shared), or None."""
+    zeros. shared: the forward's dict the layers share (context.Context.shared), or None."""
     additive, sees_nothing = mask_at(q, k, spec, pattern, positions, shared)
     if spec.topk is not None or record is not None:
         probs = eager_probs(q, k, AttentionSpec(topk=spec.topk, bias=additive, scale=spec.scale))
@@ -240,7 +241,7 @@ class SelfAttention(nn.Module):
         return AttentionSpec(causal=config.causal, alibi=alibi, scale=scale, **self.pattern.kernel_args(config))
 
     def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
-        """ctx: this forward's context (masks.py). With a cache slot, x holds only the tokens after the cached
+        """ctx: this forward's context (context.py). With a cache slot, x holds only the tokens after the cached
         ones, at positions cache.past onwards (with an empty cache, the prompt, the kernel runs as without one).
         Given positions, rotary turns by them and an absolute pattern (stepped) masks by them."""
         batch, seq_len, hidden = x.shape

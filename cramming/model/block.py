@@ -8,11 +8,12 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .attention import ATTENTION_KERNELS, SelfAttention
 from .ffn import ACTIVATIONS, FFNS, build_norm
 from .linear import LinearMethods, build_linear
-from .masks import PLAIN, AttentionSpec, Context, same_document
+from .context import PLAIN, Context
+from .masks import AttentionSpec, same_document
 from .registry import Registry, invalid
 
 BLOCKS = Registry("block", traits={
-    "kv_cache": "its forward takes a KV cache slot (masks.py): generation may cache it",
+    "kv_cache": "its forward takes a KV cache slot (kv_cache.py): generation may cache it",
     "token_subsets": "it may run on a subset of the tokens (arch.token_dropping), given their positions",
     "takes_value_embedding": "its attention mixes arch.value_embeddings' tables into the values",
     "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
@@ -38,7 +39,7 @@ class TransformerBlock(GradientCheckpointingLayer):
     A GradientCheckpointingLayer: with gradient checkpointing on (transformers' gradient_checkpointing_enable, or
     impl.activation_checkpointing), it keeps only its input and runs again in the backward pass."""
 
-    kv_cache = True  # its forward takes a LayerCache (masks.py)
+    kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
     token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
     takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values
     width_scaled = True  # every weight's fan-in is the width: arch.parametrization=mup covers it
@@ -70,7 +71,7 @@ class TransformerBlock(GradientCheckpointingLayer):
         return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
     def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
-        """ctx: this forward's context (masks.py), which the attention reads."""
+        """ctx: this forward's context (context.py), which the attention reads."""
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.norm1(x), ctx))
             return x + self.dropout(self.ffn(self.norm2(x)))
@@ -181,7 +182,7 @@ class GMLPBlock(GradientCheckpointingLayer):
         return self.down(u * v)
 
     def forward(self, x, ctx: Context = PLAIN):
-        """ctx: this forward's context (masks.py): padding, positions (position_ids: each row's own rows of the
+        """ctx: this forward's context (context.py): padding, positions (position_ids: each row's own rows of the
         spatial matrix), documents."""
         if self.pre_norm:
             return x + self.dropout(self.gate(self.norm(x), ctx))

@@ -27,7 +27,8 @@ from .block import BLOCKS, cache_problem
 from .configuration_crammed import OLD_KEYS, CrammedConfig, current_keys
 from .ffn import ACTIVATIONS, build_norm
 from .losses import LOSSES, head_logits
-from .masks import CACHE_KEY, Context, LayerCache, document_positions, position_ids_from_mask, token_positions
+from .context import Context, document_positions, position_ids_from_mask, token_positions
+from .kv_cache import CACHE_KEY, LayerCache
 from .parametrization import init_std, mark_hidden, parametrization
 from .positions import POSITIONS
 from .registry import copy_into
@@ -185,12 +186,12 @@ class CrammedModel(CrammedPreTrainedModel):
         keep: the (batch, k) positions the token-dropping layers update (stacks.DroppingStack); None: every layer sees
         every token.
         position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
-        counts). Generation passes them derived from the mask (kv_cache.position_ids_from_mask), so a left-padded
+        counts). Generation passes them derived from the mask (context.position_ids_from_mask), so a left-padded
         prompt's tokens sit where they would alone: they pick the position table's rows, turn rotary and place
         stepped blocks. Distances (causality, windows, ALiBi, T5 buckets) count the tensor's indices, the same
         between real tokens when padding is only on the left or the right.
         document_ids: (batch, seq) non-decreasing ids of the documents packed in each row (data.document_masking):
-        no token attends to another document's, and positions restart at each document (masks.py).
+        no token attends to another document's, and positions restart at each document (context.py).
         No branch reads a tensor's values, so the forward traces and exports with dynamic shapes (torch.export)."""
         cache = given_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
@@ -338,7 +339,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     """Decoder + next-token head (tied to the token embeddings).
 
     `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
-    new token, which attends to the cached keys and values at its absolute position (masks.py); the tokens are
+    new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
     those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
     blocks keep no keys and values (gMLP, block.cache_problem) always take the uncached path. A left-padded batch
     generates what each prompt would alone: positions count only the real tokens (prepare_inputs_for_generation).
@@ -369,7 +370,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
                                       **kwargs):
         """Only the tokens the cache has not seen, with the attention mask of all of them; every token when the
         cache is off or refused (whatever step generate is at, so a refused cache never truncates the input).
-        A padded mask gives position_ids by transformers' rule (kv_cache.position_ids_from_mask), those of the
+        A padded mask gives position_ids by transformers' rule (context.position_ids_from_mask), those of the
         tokens fed: a left-padded prompt generates what it would alone."""
         padded = attention_mask is not None and not bool(attention_mask.all())
         position_ids = position_ids_from_mask(attention_mask) if padded else None

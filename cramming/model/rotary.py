@@ -116,7 +116,7 @@ class Rotation:
         """offset: the absolute position of the first token (tokens already in a KV cache). Generation asks for
         the table of max_seq_length positions and slices it, so the growing prefix reuses one cached table.
         positions: each row's own position (token dropping, position_ids); offset is then unused.
-        shared: a cached step's dict its layers share (masks.Context.shared): the tables are sliced once for all
+        shared: a cached step's dict its layers share (context.Context.shared): the tables are sliced once for all
         of them, and q and k turn in one kernel call (a decode step is mostly such small ops; the values are the
         same, the rotation being elementwise)."""
         rotary_dim = int(q.shape[-1] * self.pct) // 2 * 2

@@ -4,7 +4,7 @@ or token dropping, whose middle layers see only the kept tokens (DroppingStack, 
 
 A stack holds only the structure; the blocks and the skips' weights stay the model's modules (`model.layers`,
 `model.unet`), so checkpoints keep their tensor names and an engine that wraps a block in place is seen here.
-`stack(model, x, ctx, at, keep)`: x the embedded tokens, ctx the forward's context (masks.py), at(i, base=ctx)
+`stack(model, x, ctx, at, keep)`: x the embedded tokens, ctx the forward's context (context.py), at(i, base=ctx)
 block i's context built on base, keep the (batch, k) kept positions of a token-dropping training forward (None
 otherwise: every block sees every token).
 """

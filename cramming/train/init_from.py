@@ -17,15 +17,16 @@ from pathlib import Path
 from safetensors.torch import load_file
 from transformers import logging as hf_logging
 
+from ..checkpoints.model_folder import check_sizes, check_weights
+from ..checkpoints.step_folder import MARKER
 from ..data.tokenizer import TOKENIZER_KINDS, load_pretrained_tokenizer, read_tokenizer
 from ..errors import UserError
 from ..hub import bounds, model_folder
 from ..model.configuration_crammed import current_key
 from ..registry import invalid
 from ..untrusted import check_memory, check_tokenizer_files, link_outside, read_json
-from .checkpoint import check_sizes, check_weights
+from .checkpointing import read_step
 from .from_bert import bert_layout, bert_weights
-from .resume import MARKER, read_step
 
 KEY = "train.init_from"
 MORE_MEMORY = "start from it on a machine with more memory"

@@ -23,13 +23,13 @@ from ..config import TrainConfig
 from ..engines import ENGINES, Engine
 from ..errors import RunStopped
 from ..model.attention import set_attention_window
+from .checkpointing import Checkpointer, load_weights
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .hooks import Hook
 from .masking import PositionalMasks
 from .metrics import MetricsLog, SilentLog
 from .nonfinite import EXIT_NONFINITE, NONFINITE, Halt, Skip
 from .objectives import Objective
-from .resume import Checkpointer, load_weights
 from .schedule import SCHEDULES, batch_size_at, window_at
 from .signals import EXIT_PREEMPTED, StopFlag
 

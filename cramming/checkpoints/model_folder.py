@@ -31,7 +31,7 @@ from ..model_code import shipped_names
 from ..outputs import claim_folder, remove, replace_folder, temp_folder, writing
 from ..rules import declared_registries, declared_rules, rule_problem
 from ..untrusted import check_memory, leads_outside, plain_data, read_json, size_text
-from .state import strided_view
+from .pickled import strided_view
 
 SUMMARY = "train_summary.json"
 # The Triton kernels live in the cramming package, not in the model folder that checkpoints carry; a checkpoint
