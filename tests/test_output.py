@@ -132,7 +132,7 @@ def test_our_saves_draw_no_shard_bar_and_leave_the_users_switch_alone(tmp_path, 
     from cramming.data.tokenizer import train_tokenizer
     from cramming.model import CrammedConfig
     from cramming.model.modeling_crammed import CrammedForMaskedLM
-    from cramming.train import checkpoint
+    from cramming.checkpoints import model_folder as checkpoint
 
     monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary, head=None: None)  # the card reads a whole run's summary
 
