@@ -89,8 +89,8 @@ def test_the_swap_keeps_weights_ties_and_marks():
 
 @needs_torchao
 def test_a_converted_models_checkpoint_loads_into_a_plain_model(tmp_path, monkeypatch):
-    from cramming.data.tokenizer import train_tokenizer
     from cramming.checkpoints import model_folder as checkpoint
+    from cramming.data.tokenizer import train_tokenizer
 
     monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary, head=None: None)  # the card reads a whole run's summary
 

@@ -15,8 +15,8 @@ from cramming.config import TrainConfig
 from cramming.errors import exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
 from cramming.model.attention import ATTENTION_KERNELS, AttentionSpec
-from cramming.model.losses import LOSSES, head_logits
 from cramming.model.kv_cache import CACHE_KEY
+from cramming.model.losses import LOSSES, head_logits
 from cramming.model.parametrization import hidden_weights
 from cramming.train.optim import build_optimizer
 from cramming.validation import load_config

@@ -128,11 +128,11 @@ def test_our_saves_draw_no_shard_bar_and_leave_the_users_switch_alone(tmp_path, 
     """transformers' "Writing model shards" bar printed after every run; it is off for our saves only."""
     from transformers.utils import logging as hf_logging
 
+    from cramming.checkpoints import model_folder as checkpoint
     from cramming.checkpoints.model_folder import save_checkpoint
     from cramming.data.tokenizer import train_tokenizer
     from cramming.model import CrammedConfig
     from cramming.model.modeling_crammed import CrammedForMaskedLM
-    from cramming.checkpoints import model_folder as checkpoint
 
     monkeypatch.setattr(checkpoint, "write_card", lambda folder, summary, head=None: None)  # the card reads a whole run's summary
 

@@ -15,8 +15,8 @@ from test_resume import NAN_RUN, sigterm_at  # noqa: F401  (the fixture, for the
 from test_resume import config_for as run_config
 
 from cramming.model.configuration_crammed import CrammedConfig
-from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.context import Context
+from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.model.rotary import Positions
 from cramming.model.stacks import TokenImportance, dropping_layers, kept_only_layers

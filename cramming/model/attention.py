@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .context import PLAIN, Context
 from .ffn import build_norm
 from .linear import build_linear
-from .context import PLAIN, Context
 from .masks import AttentionSpec, alibi_bias, alibi_bias_at, alibi_slopes, same_document, visible_keys  # noqa: F401  (this API)
 from .parametrization import parametrization
 from .patterns import PATTERNS

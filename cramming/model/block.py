@@ -6,9 +6,9 @@ from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import ATTENTION_KERNELS, SelfAttention
+from .context import PLAIN, Context
 from .ffn import ACTIVATIONS, FFNS, build_norm
 from .linear import LinearMethods, build_linear
-from .context import PLAIN, Context
 from .masks import AttentionSpec, same_document
 from .registry import Registry, invalid
 

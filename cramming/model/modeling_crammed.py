@@ -25,10 +25,10 @@ from transformers.modeling_outputs import (
 from .attention import ValueEmbeddings
 from .block import BLOCKS, cache_problem
 from .configuration_crammed import OLD_KEYS, CrammedConfig, current_keys
-from .ffn import ACTIVATIONS, build_norm
-from .losses import LOSSES, head_logits
 from .context import Context, document_positions, position_ids_from_mask, token_positions
+from .ffn import ACTIVATIONS, build_norm
 from .kv_cache import CACHE_KEY, LayerCache
+from .losses import LOSSES, head_logits
 from .parametrization import init_std, mark_hidden, parametrization
 from .positions import POSITIONS
 from .registry import copy_into
