@@ -6,8 +6,8 @@ import io
 import json
 import random
 import time
-from dataclasses import asdict, replace
-from datetime import datetime, timezone
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,6 @@ import torch
 from . import engines
 from . import impl as impl_
 from .atomic import write_atomic
-from .card import launch_command
 from .checkpoints.model_folder import save_checkpoint
 from .checkpoints.step_folder import saved_precision
 from .config import PretrainConfig
@@ -25,13 +24,12 @@ from .data.prepare import load_tokenizer, prepare_data
 from .data.tokenizer import SPECIAL_IDS
 from .engines import env_rank
 from .errors import refuse
-from .kernels import autotune_seconds
-from .run import build_model, build_run, count_parameters, flops_per_token, quiet
+from .run import Run, build_model, build_run, count_parameters, flops_per_token, quiet
 from .train.averaging import average_final, build_averaging
 from .train.checkpointing import Checkpointer, find_resume, load_checkpoint
 from .train.curriculum import block_rows, sequence_length, stage_factors
 from .train.energy import EnergyMeter
-from .train.heldout import PeriodicHeldout, heldout_metrics, target_summary
+from .train.heldout import PeriodicHeldout, heldout_metrics
 from .train.init_from import open_source, with_source_tokenizer
 from .train.masking import PositionalMasks
 from .train.metrics import MetricsLog, SilentLog, whole_lines
@@ -40,6 +38,7 @@ from .train.nonfinite import NONFINITE
 from .train.signals import StopFlag
 from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
+from .train_summary import averaging_summary, train_summary
 from .untrusted import leads_outside
 from .validation.across import run_problem
 
@@ -78,7 +77,15 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     try:
         engine.check(config, runtime, microbatch_size(config))  # the same on every rank, so all ranks stop
         refuse(run_problem(config, engine, runtime))  # and what the engine refuses of the other components
-        return _pretrain(config, Path(engine.broadcast(str(run_dir))), runtime, engine, setup_start)
+        job = Pretraining.build(config, Path(engine.broadcast(str(run_dir))), runtime, engine)
+        job.resume()
+        with StopFlag() as stop:  # a stop signal after the last step waits for the final checkpoint: the run is whole
+            summary = job.save(*job.fit(stop, setup_start))
+        if stop.signal:  # not in train_summary.json: the run it describes is whole
+            job.say(f"{stop.signal} came after the last step: the run finished and its checkpoint is whole",
+                    flush=True)
+            summary["stopped_by"] = stop.signal
+        return summary
     finally:
         engine.close()
 
@@ -121,18 +128,6 @@ def choose_microbatch(config: PretrainConfig, model, meta: dict, runtime, engine
     return microbatch
 
 
-def resume(config: PretrainConfig, run_dir: Path, found: Path | None, engine, model, optimizer, scaler, say,
-           averaging=None):
-    """A fresh TrainState, or the one of the checkpoint train.resume found (with its metrics carried over)."""
-    if found is None:
-        return TrainState(), None
-    state = load_checkpoint(found, model, optimizer, scaler, engine, averaging)
-    if engine.main:
-        carry_metrics(found, run_dir, state.step)
-    say(f"resuming from {found}: step {state.step}, {state.elapsed / 60:.1f} min of the budget spent", flush=True)
-    return state, found
-
-
 def pin_precision(config: PretrainConfig, runtime, found: Path | None, say):
     """A resumed run under impl.precision=auto trains on in the precision its checkpoint was written in, whatever
     auto would choose here (another machine, or a probe near its threshold): resume is bitwise within a precision."""
@@ -149,69 +144,128 @@ def pin_precision(config: PretrainConfig, runtime, found: Path | None, say):
     return pinned
 
 
-def _pretrain(config: PretrainConfig, run_dir: Path, runtime, engine, setup_start: float) -> dict:
-    say = print if engine.main else quiet
-    if engine.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    runtime.device = engine.device(runtime.device)
-    # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
-    torch.set_flush_denormal(True)
-    # Before any work: train.resume's folder exists, is whole, loads as plain data and fits this run; auto's
-    # sibling run folders are read (and any that cannot be, skipped and said so).
-    found = engine.broadcast(find_resume(config.train.resume, run_dir, config) if engine.main else None)
-    runtime = pin_precision(config, runtime, found, say)
-    source = open_source(config.train.init_from, config.train.trust_remote_code) if config.train.init_from else None
-    if source is not None:  # the run reads its text with the source's tokenizer
-        config = with_source_tokenizer(config, source, config.data.cache_dir)
-    folder, meta = prepare(config, engine)
-    tokenizer = load_tokenizer(folder)
-    run = build_run(config, meta, runtime, engine, tokenizer, source, say)
-    model, optimizer, scaler, objective = run.model, run.optimizer, run.scaler, run.objective
-    averaging = build_averaging(config.train, engine.unwrap(model))  # before the microbatch probe: EMA's memory
-    checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
-                                json.loads(json.dumps(asdict(config))), engine, averaging, runtime.precision)
-    checkpointer.tokenizer = tokenizer if engine.main else None
-    state, resumed_from = resume(config, run_dir, found, engine, model, optimizer, scaler, say, averaging)
-    microbatch = choose_microbatch(config, model, meta, runtime, engine, say)
-    batches = train_batches(folder, meta, config.data.ordering, config.seed, microbatch * engine.world,
-                            config.impl.num_workers, pin_memory=runtime.device.type == "cuda", start=state.sequences,
-                            block=block_rows(stage_factors(config.train.seq_schedule, meta["seq_length"])),
-                            world=engine.world)
-    setup_seconds = time.time() - setup_start
+@dataclass
+class Pretraining:
+    """One pretraining run and every part it holds, from `build` to `save`: what each stage makes, the next one
+    reads here (pretrain() reads the stages: build, resume, fit, save)."""
 
-    measure = functools.partial(heldout_metrics, engine.unwrap(model), objective, folder, meta, config.train,
-                                microbatch, runtime.device, runtime.autocast())  # every rank, all rows (FSDP2)
-    eval_start = time.time()
-    start = measure_untrained(config, state, measure, lambda: checkpointer.save(model, optimizer, scaler, state), say,
-                              resumed=resumed_from is not None)
-    eval_seconds = time.time() - eval_start
+    config: PretrainConfig  # with train.init_from's tokenizer, where it names one
+    run_dir: Path
+    runtime: impl_.Runtime
+    engine: engines.Engine
+    say: Callable  # print on rank 0, quiet elsewhere
+    found: Path | None  # the step folder train.resume found, or None
+    folder: Path  # the prepared data and its meta
+    meta: dict
+    tokenizer: object
+    run: Run  # the model, optimizer, grad scaler, objective and step model (cramming/run.py)
+    averaging: object | None  # train.averaging's weight average (EMA, LAWA), or None
+    checkpointer: Checkpointer
+    state: TrainState = field(default_factory=TrainState)
+    resumed_from: Path | None = None
+    seconds: dict = field(default_factory=dict)  # setup and evaluation wall seconds, for the summary
+    validation: PeriodicHeldout | None = None
+    energy: EnergyMeter | None = None
+    measure: Callable | None = None  # the held-out loss and accuracy of the current weights
 
-    log = MetricsLog.for_run(run_dir, config) if engine.main else SilentLog()
-    every = config.train.validate_every_minutes
-    parts = Parts(model=run.step_model, optimizer=optimizer, scaler=scaler, engine=engine, objective=objective,
-                  masks=PositionalMasks(config.seed, runtime.device), batches=batches, checkpointer=checkpointer,
-                  log=log)
-    energy = EnergyMeter.for_device(runtime.device, engine.local_rank)
-    validation = PeriodicHeldout(every, measure, config.train.target_loss) if every else None
-    trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
-                      microbatch=microbatch, seq_length=meta["seq_length"], device=runtime.device,
-                      autocast=runtime.autocast(), hooks=[h for h in (energy, averaging, validation) if h is not None])
-    with StopFlag() as stop:  # a stop signal after the last step waits for the final checkpoint: the run is whole
-        result, final, validating = fit(trainer, state, measure, log, validation, say, start, stop)
-        rebuild = functools.partial(load_whole, config=config, meta=meta, runtime=runtime)
+    @classmethod
+    def build(cls, config: PretrainConfig, run_dir: Path, runtime, engine) -> "Pretraining":
+        """Everything before the first step: the step to resume (found and checked before any work, its
+        precision kept), train.init_from's source, the prepared data, the model and its optimizer, the weight
+        average, the checkpointer."""
+        say = print if engine.main else quiet
+        if engine.main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        runtime.device = engine.device(runtime.device)
+        # AdamW's second moments decay into the denormal range, which x86 CPUs handle in slow microcode.
+        torch.set_flush_denormal(True)
+        # Before any work: train.resume's folder exists, is whole, loads as plain data and fits this run; auto's
+        # sibling run folders are read (and any that cannot be, skipped and said so).
+        found = engine.broadcast(find_resume(config.train.resume, run_dir, config) if engine.main else None)
+        runtime = pin_precision(config, runtime, found, say)
+        source = open_source(config.train.init_from, config.train.trust_remote_code) if config.train.init_from \
+            else None
+        if source is not None:  # the run reads its text with the source's tokenizer
+            config = with_source_tokenizer(config, source, config.data.cache_dir)
+        folder, meta = prepare(config, engine)
+        tokenizer = load_tokenizer(folder)
+        run = build_run(config, meta, runtime, engine, tokenizer, source, say)
+        averaging = build_averaging(config.train, engine.unwrap(run.model))  # before the microbatch probe: EMA's memory
+        checkpointer = Checkpointer(run_dir, config.train.checkpoint_every_minutes, config.train.keep_checkpoints,
+                                    json.loads(json.dumps(asdict(config))), engine, averaging, runtime.precision)
+        checkpointer.tokenizer = tokenizer if engine.main else None
+        return cls(config, run_dir, runtime, engine, say, found, folder, meta, tokenizer, run, averaging, checkpointer)
+
+    def resume(self) -> None:
+        """The found step's weights, optimizer, average and trainer state (its metrics carried over), or a fresh
+        TrainState."""
+        if self.found is None:
+            return
+        run = self.run
+        self.state = load_checkpoint(self.found, run.model, run.optimizer, run.scaler, self.engine, self.averaging)
+        self.resumed_from = self.found
+        if self.engine.main:
+            carry_metrics(self.found, self.run_dir, self.state.step)
+        self.say(f"resuming from {self.found}: step {self.state.step}, {self.state.elapsed / 60:.1f} min of the "
+                 "budget spent", flush=True)
+
+    def fit(self, stop, setup_start: float) -> tuple[dict, dict]:
+        """The budget loop from where the state is, then the final validation: (its result, the final metrics).
+        Before it, the microbatch, the data stream from the state's position and the loss before the first step."""
+        config, runtime, engine, run = self.config, self.runtime, self.engine, self.run
+        microbatch = choose_microbatch(config, run.model, self.meta, runtime, engine, self.say)
+        batches = train_batches(self.folder, self.meta, config.data.ordering, config.seed, microbatch * engine.world,
+                                config.impl.num_workers, pin_memory=runtime.device.type == "cuda",
+                                start=self.state.sequences, world=engine.world,
+                                block=block_rows(stage_factors(config.train.seq_schedule, self.meta["seq_length"])))
+        self.seconds["setup"] = time.time() - setup_start
+        self.measure = functools.partial(heldout_metrics, engine.unwrap(run.model), run.objective, self.folder,
+                                         self.meta, config.train, microbatch, runtime.device,
+                                         runtime.autocast())  # every rank, all rows (FSDP2)
         started = time.time()
-        averaged = average_final(averaging, state.step, model, engine, measure, rebuild) if averaging else None
-        seconds = {"setup": setup_seconds, "eval": eval_seconds + validating + time.time() - started}
-        summary = summarize(config, runtime, engine, run.parameters, run.flops, result, final, state.untrained,
-                            seconds, resumed_from, folder, meta)
-        summary.update(energy.summary(engine, runtime.device, result["tokens"]))
-        summary.update(target_summary(validation))
-        summary["averaging"] = averaging_summary(averaging, averaged, final, run_dir, config.sweep_objective, say)
-        save_all(model, averaging, averaged, tokenizer, summary, run_dir, runtime, engine, rebuild)
-    if stop.signal:  # not in train_summary.json: the run it describes is whole
-        say(f"{stop.signal} came after the last step: the run finished and its checkpoint is whole", flush=True)
-        summary["stopped_by"] = stop.signal
-    return summary
+        start = measure_untrained(config, self.state, self.measure, self.save_step, self.say,
+                                  resumed=self.resumed_from is not None)
+        self.seconds["eval"] = time.time() - started
+        log = MetricsLog.for_run(self.run_dir, config) if engine.main else SilentLog()
+        every = config.train.validate_every_minutes
+        self.validation = PeriodicHeldout(every, self.measure, config.train.target_loss) if every else None
+        self.energy = EnergyMeter.for_device(runtime.device, engine.local_rank)
+        parts = Parts(model=run.step_model, optimizer=run.optimizer, scaler=run.scaler, engine=engine,
+                      objective=run.objective, masks=PositionalMasks(config.seed, runtime.device), batches=batches,
+                      checkpointer=self.checkpointer, log=log)
+        hooks = [h for h in (self.energy, self.averaging, self.validation) if h is not None]
+        trainer = Trainer(parts=parts, cfg=config.train, budget=Budget(config.budget * 3600, config.train.max_steps),
+                          microbatch=microbatch, seq_length=self.meta["seq_length"], device=runtime.device,
+                          autocast=runtime.autocast(), hooks=hooks)
+        result, final, validating = fit(trainer, self.state, self.measure, log, self.validation, self.say, start,
+                                        stop)
+        self.seconds["eval"] += validating
+        return result, final
+
+    def save_step(self) -> None:
+        """A step folder of the current weights (a non-finite policy's restore point)."""
+        self.checkpointer.save(self.run.model, self.run.optimizer, self.run.scaler, self.state)
+
+    def save(self, result: dict, final: dict) -> dict:
+        """The weight average measured, train_summary.json, and the final checkpoint (and the averaged weights'
+        beside it), written on rank 0 (every rank takes part in gathering the weights). Returns the summary."""
+        engine, averaging = self.engine, self.averaging
+        rebuild = functools.partial(load_whole, config=self.config, meta=self.meta, runtime=self.runtime)
+        started = time.time()
+        averaged = average_final(averaging, self.state.step, self.run.model, engine, self.measure, rebuild) \
+            if averaging else None
+        self.seconds["eval"] += time.time() - started
+        summary = train_summary(self, result, final)
+        summary["averaging"] = averaging_summary(averaging, averaged, final, self.run_dir,
+                                                 self.config.sweep_objective, self.say)
+        final_model = engine.whole_model(self.run.model, rebuild)
+        if engine.main:
+            if averaged:
+                save_checkpoint(averaged[1], self.tokenizer, summary, self.run_dir, averaging.folder)
+            save_final(final_model, self.tokenizer, summary, self.run_dir, self.runtime, engine)
+        engine.barrier()
+        return summary
+
 
 
 def measure_untrained(config: PretrainConfig, state, measure, checkpoint, say, resumed: bool = False) -> str:
@@ -244,30 +298,6 @@ def start_names(config: PretrainConfig, resumed: bool, carried: bool) -> tuple[s
     return "untrained validation loss {loss}", "untrained"
 
 
-def save_all(model, averaging, averaged, tokenizer, summary: dict, run_dir: Path, runtime, engine, rebuild) -> None:
-    """The final checkpoint, and the averaged weights' beside it, written on rank 0 (every rank takes part in
-    gathering the weights)."""
-    final_model = engine.whole_model(model, rebuild)
-    if engine.main:
-        if averaged:
-            save_checkpoint(averaged[1], tokenizer, summary, run_dir, averaging.folder)
-        save_final(final_model, tokenizer, summary, run_dir, runtime, engine)
-    engine.barrier()
-
-
-def averaging_summary(averaging, averaged, final: dict, run_dir: Path, objective: str, say) -> dict | None:
-    """train_summary.json's `averaging`: the kind, its settings, the averaged weights' validation and folder."""
-    if averaging is None:
-        return None
-    metrics, _ = averaged
-    path = (Path(run_dir) / averaging.folder).resolve()
-    say(f"{averaging.name}-averaged weights: validation loss {metrics['val_loss']:.4f} (last weights "
-        f"{final['val_loss']:.4f}), accuracy {metrics['val_accuracy']:.3f}; saved as {path}; the sweep "
-        f"objective ({objective}) is theirs", flush=True)
-    return {**averaging.describe(), "val_loss": metrics["val_loss"], "val_accuracy": metrics["val_accuracy"],
-            "checkpoint": str(path)}
-
-
 def fit(trainer, state, measure, log, validation, say, start: str = "untrained", stop=None) -> tuple[dict, dict, float]:
     """The budget loop, then the final validation: its result, the final metrics and the seconds validating.
     start: what the loss before the first step is (start_names); stop: the StopFlag held over both."""
@@ -284,59 +314,6 @@ def fit(trainer, state, measure, log, validation, say, start: str = "untrained",
     say(f"validation loss {final['val_loss']:.4f} ({start} {state.untrained['val_loss']:.4f}), "
         f"accuracy {final['val_accuracy']:.3f}, {result['steps']} steps, {result['tokens']:,} tokens", flush=True)
     return result, final, seconds
-
-
-def summarize(config, runtime, engine, parameters, flops, result, final, untrained, seconds, resumed_from,
-              folder, meta) -> dict:
-    """train_summary.json: what the run did, measured."""
-    peak = runtime.peak_flops()  # per device; the run's tokens/s is over all of them
-    peak = peak * engine.world if peak else None
-    return {
-        "name": config.name,
-        "parameters": parameters,
-        "flops_per_token": flops,
-        "steps": result["steps"],
-        "tokens": result["tokens"],
-        "tokens_per_s": result["tokens_per_s"],
-        # model FLOPs (3 x forward per token) over the device's peak; null where the peak is unknown
-        "mfu": 3 * flops * result["tokens_per_s"] / peak if peak else None,
-        "final_train_loss": result["final_train_loss"],
-        "val_loss": final["val_loss"],
-        "val_accuracy": final["val_accuracy"],
-        "untrained_val_loss": untrained["val_loss"],
-        "untrained_val_accuracy": untrained["val_accuracy"],
-        "skipped_steps": result["skipped_steps"],
-        "rollbacks": result["rollbacks"],
-        "resumed_from": str(resumed_from) if resumed_from else None,
-        "init_from": config.train.init_from,  # the weights the run started from (train.init_from), or null
-        "wall_seconds": {
-            "setup": round(seconds["setup"], 3),
-            "compile": round(result["compile_seconds"], 3),
-            "train": round(result["train_seconds"], 3),  # without compile and checkpoints: tokens_per_s's seconds
-            "checkpoint": round(result["checkpoint_seconds"], 3),
-            "eval": round(seconds["eval"], 3),
-            "autotune": round(autotune_seconds(), 3),  # Triton kernels' compiling and autotuning: inside compile/train
-        },
-        "budget_hours": config.budget,
-        "command": launch_command(),  # the command that made the run (the model card shows it)
-        "finished_at": datetime.now(timezone.utc).isoformat(),
-        "device": str(runtime.device),
-        "distributed": {"engine": engine.name, "world_size": engine.world},
-        "precision": runtime.precision,
-        "microbatch": result.get("microbatch"),  # per device, as impl.microbatch_size gave or `auto` chose
-        "kernels": {"attention": runtime.attention, "rotary": runtime.rotary, "loss": runtime.loss},
-        "peak_memory_gib": peak_memory_gib(runtime.device),  # this process's CUDA peak; null off CUDA
-        "data": {"cache": str(folder), **{k: meta[k] for k in ("train_sequences", "val_sequences", "train_tokens",
-                                                                "val_tokens", "vocab_size")}},
-        "config": asdict(config),
-    }
-
-
-def peak_memory_gib(device) -> float | None:
-    """The most CUDA memory this process's tensors held (torch's allocator), in GiB; None off CUDA."""
-    if device.type != "cuda":
-        return None
-    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
 
 
 def save_final(model, tokenizer, summary: dict, run_dir: Path, runtime, engine) -> None:
