@@ -72,7 +72,7 @@ def test_missing_triton_is_explained(monkeypatch):
     monkeypatch.setattr("cramming.kernels.HAVE_TRITON", False)
     with pytest.raises(UserError, match="triton package is not installed"):
         impl.resolve_kernels("triton", "torch", ArchConfig(), CPU)
-    assert impl.resolve(ImplConfig(device="cpu"), ArchConfig()).attention == "sdpa"
+    assert impl.resolve(ImplConfig(device="cpu", precision="fp32"), ArchConfig()).attention == "sdpa"
 
 
 @needs_triton
@@ -161,10 +161,10 @@ def test_pretrain_with_the_triton_kernels_matches_sdpa(tmp_path):
 
 
 @pytest.mark.parametrize("interpret, arch, name, others", [
-    (False, ArchConfig(), "triton", "sdpa or eager"),  # no GPU: Triton cannot run, the PyTorch kernels can
-    (True, ArchConfig(attention_dropout=0.1), "triton", "sdpa or eager"),
-    (True, ArchConfig(attention=AttentionConfig(pattern=["topk"])), "sdpa", "eager"),  # top-k: eager alone
-    (True, ArchConfig(position="rpe"), "triton", "sdpa or eager"),
+    (False, ArchConfig(), "triton", "sdpa, eager or matmul"),  # no GPU: Triton cannot run, the PyTorch kernels can
+    (True, ArchConfig(attention_dropout=0.1), "triton", "sdpa, eager or matmul"),
+    (True, ArchConfig(attention=AttentionConfig(pattern=["topk"])), "sdpa", "eager or matmul"),  # top-k: the scores
+    (True, ArchConfig(position="rpe"), "triton", "sdpa, eager or matmul"),
 ])
 def test_a_refused_kernel_names_every_kernel_that_can_serve_the_run(interpret, arch, name, others, monkeypatch):
     """The message's alternatives are asked of the registry, in auto's order, not a fixed name."""

@@ -249,7 +249,8 @@ def targets_of(results: list[dict], device) -> list[dict]:
         if "matmul_over_sdpa" in case:
             targets.append(target("train", f"{label}: step speed impl.attention=matmul / sdpa (auto picks matmul)",
                                   case["matmul_over_sdpa"], "report", "report", None))
-        if "memory" in case:
+        # a tiny (smoke) step's working memory can be below the resident set's granularity: no ratio of nothing
+        if "memory" in case and min(m["step_bytes"] for m in case["memory"].values()) > 0:
             fused, plain = case["memory"]["fused"]["step_bytes"], case["memory"]["plain"]["step_bytes"]
             targets.append(target("train", f"{case['arch']}: step working memory impl.loss=fused / plain",
                                   fused / plain, "report", "report", None))
