@@ -271,9 +271,9 @@ def test_tokens_per_s_is_tokens_over_the_reported_train_seconds(tmp_path):
 
 def test_the_summary_reports_the_kernels_autotune_seconds(tmp_path, monkeypatch):
     """wall_seconds.autotune is what the Triton wrappers counted (CPU runs tune nothing, so fake a count)."""
-    import cramming.pretraining
+    import cramming.train_summary
 
-    monkeypatch.setattr(cramming.pretraining, "autotune_seconds", lambda: 12.3456)
+    monkeypatch.setattr(cramming.train_summary, "autotune_seconds", lambda: 12.3456)
     summary = pretrain(config_for(*TINY, "train.max_steps=2", "train.batch_size=8",
                                   "train.schedule=step-constant"), tmp_path)
     assert summary["wall_seconds"]["autotune"] == 12.346
@@ -284,6 +284,7 @@ def test_the_summary_says_the_microbatch_the_kernels_and_the_peak_memory(microba
     """The GPU day's figures (issue 25): the microbatch used (as given, or as auto chose it), the kernels the
     runtime resolved, and the CUDA memory peak (null off CUDA; CUDA faked here to see the reading)."""
     import cramming.pretraining
+    import cramming.train_summary
 
     monkeypatch.setattr(cramming.pretraining, "auto_microbatch", lambda *args, **kwargs: 4)
     summary = pretrain(config_for(*TINY, "train.max_steps=2", "train.batch_size=8", "train.schedule=step-constant",
@@ -292,7 +293,7 @@ def test_the_summary_says_the_microbatch_the_kernels_and_the_peak_memory(microba
     assert summary["kernels"] == {"attention": "sdpa", "rotary": "torch", "loss": "fused"}
     assert summary["peak_memory_gib"] is None
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**30 + 2**29)
-    assert cramming.pretraining.peak_memory_gib(torch.device("cuda", 0)) == 3.5
+    assert cramming.train_summary.peak_memory_gib(torch.device("cuda", 0)) == 3.5
 
 
 class Recorder(Hook):
