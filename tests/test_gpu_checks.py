@@ -150,7 +150,6 @@ def test_a_profile_that_fails_says_why_instead_of_costing_the_figures(monkeypatc
 
     failed = "profile failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"  # its first line only
     assert gpu.profile_steps(step, gpu.torch.device("cpu")) == failed
-    steps = []
-    kernels = gpu.profile_steps(lambda: steps.append(gpu.torch.ones(64, 64) @ gpu.torch.ones(64, 64)),
-                                gpu.torch.device("cpu"))
+    steps, a = [], gpu.torch.ones(256, 256)  # made outside the step: the product is all a step does
+    kernels = gpu.profile_steps(lambda: steps.append(a @ a), gpu.torch.device("cpu"))
     assert len(steps) == gpu.PROFILE_STEPS and kernels[0]["name"] == "aten::mm" and kernels[0]["calls_per_step"] == 1
