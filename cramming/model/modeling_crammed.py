@@ -202,29 +202,45 @@ class CrammedModel(CrammedPreTrainedModel):
             position_ids = self.document_position_ids(document_ids, position_ids, cache)
         where = token_positions(position_ids, attention_mask, past, seq_len)  # per-forward: every layer gets it
         x = self.embed(input_ids, past, where, inputs_embeds)
+        ctx = self.context(x, attention_mask, where, document_ids, cache, output_hidden_states, output_attentions)
+        at = self.layer_contexts(ctx, input_ids, cache, seq_len, past)
+        x = self.final_norm(self.stack(self, x, ctx, at, keep))  # the stack chosen at build: plain, U-net, dropping
+        return as_requested(self.outputs(x, ctx), return_dict, self.config)
+
+    def context(self, x, attention_mask, where, documents, cache, output_hidden_states, output_attentions) -> Context:
+        """What this forward tells every block (context.py): padding, positions, documents, and the lists that
+        collect the hidden states (the embeddings' output first) and attentions asked for (else the config's)."""
         config = self.config
-        hidden = [x] if (output_hidden_states if output_hidden_states is not None else config.output_hidden_states) \
-            else None
-        attentions = [] if (output_attentions if output_attentions is not None else config.output_attentions) else None
-        ctx = Context(padding=None if attention_mask is None else attention_mask.bool(), positions=where,
-                      documents=document_ids, hidden_states=hidden, attentions=attentions,
-                      shared=None if cache is None or torch.compiler.is_compiling() else {})  # keyed by ids: eager only
-        shared_bias = (self.score_bias(seq_len, past) if self.score_bias is not None and config.rpe.cache
-                       else None)
+        hidden = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        attentions = output_attentions if output_attentions is not None else config.output_attentions
+        return Context(padding=None if attention_mask is None else attention_mask.bool(), positions=where,
+                       documents=documents, hidden_states=[x] if hidden else None,
+                       attentions=[] if attentions else None,
+                       shared=None if cache is None or torch.compiler.is_compiling() else {})  # keyed by ids: eager only
+
+    def layer_contexts(self, ctx: Context, input_ids, cache, seq_len: int, past: int):
+        """at(i, base=ctx): layer i's context, with its score bias (computed once per forward under arch.rpe.cache,
+        else in every layer), its cache slot and its value embedding."""
+        cached = self.score_bias is None or self.config.rpe.cache
+        shared_bias = self.score_bias(seq_len, past) if self.score_bias is not None and cached else None
         values = self.value_embeddings(self.token_ids(input_ids)) if self.value_embeddings is not None else {}
 
         def at(i: int, base: Context = ctx) -> Context:
-            """Layer i's context: its score bias, cache slot and value embedding."""
-            bias = shared_bias if self.score_bias is None or config.rpe.cache else self.score_bias(seq_len, past)
+            bias = shared_bias if cached else self.score_bias(seq_len, past)
             return base._replace(bias=bias, value_embedding=values.get(i),
                                  cache=None if cache is None else LayerCache(cache, i, past))
 
-        x = self.final_norm(self.stack(self, x, ctx, at, keep))  # the stack chosen at build: plain, U-net, dropping
+        return at
+
+    @staticmethod
+    def outputs(x, ctx: Context) -> BaseModelOutput:
+        """last_hidden_state, with the hidden states and attentions asked for; the last hidden state is the last
+        block's output normalised, as transformers' models give it."""
+        hidden = ctx.hidden_states
         if hidden is not None:
-            hidden[-1] = x  # the last block's output, normalised: last_hidden_state, as transformers' models give it
-        out = BaseModelOutput(last_hidden_state=x, hidden_states=None if hidden is None else tuple(hidden),
-                              attentions=None if attentions is None else tuple(attentions))
-        return as_requested(out, return_dict, config)
+            hidden[-1] = x
+        return BaseModelOutput(last_hidden_state=x, hidden_states=None if hidden is None else tuple(hidden),
+                               attentions=None if ctx.attentions is None else tuple(ctx.attentions))
 
     @staticmethod
     def token_ids(input_ids):
