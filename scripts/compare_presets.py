@@ -16,7 +16,6 @@ Stages, each skipped when its output is already complete (run the same command a
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from record import State, last_line, launch, open_state, say, stage_corpus
+
+from cramming.outputs import remove
 
 # name of a run: (preset, kind, the run it is compared against). Rounds run two at a time, side by side.
 RUNS = {
@@ -72,17 +73,9 @@ def data_overrides(args) -> list[str]:
 
 def stage_prepare(args, state: State) -> dict:
     """record.py's prepare stage, on these overrides (the same data folder as record.py's outside --smoke)."""
-    from bench_sections.common import compose_config
+    import record
 
-    from cramming.data.prepare import prepare_data
-
-    started = time.time()
-    folder, meta = prepare_data(compose_config(data_overrides(args)).data)
-    if not state.done("prepare"):
-        say(f"data: {meta['train_tokens']:,} training tokens in {meta['train_sequences']:,} sequences, "
-            f"{meta['val_sequences']:,} validation sequences, vocabulary {meta['vocab_size']:,}")
-        state.finish("prepare", started, cache=str(folder))
-    return meta
+    return record.stage_prepare(args, state, data_overrides(args))
 
 
 def arch_overrides(args, preset: str) -> list[str]:
@@ -99,7 +92,7 @@ def stage_pretrain(args, state: State) -> None:
         started, procs = time.time(), {}
         for name in pair:
             folder = args.out / "runs" / name
-            shutil.rmtree(folder, ignore_errors=True)
+            remove(folder)  # a link there is removed, never what it leads to
             folder.mkdir(parents=True)
             procs[name] = launch(["pretrain.py", *shared, *arch_overrides(args, RUNS[name][0]), f"name=presets-{name}",
                                   f"budget={args.minutes / 60}", "train.checkpoint_every_minutes=null",

@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from cramming.outputs import remove
+
 # (tasks, seeds, epochs of SST-2) that fit the record's time on 2 cores; the rest of the recipe is eval.py's
 TASKS = ["cola", "sst2", "stsb", "rte"]
 PROSE = ["gutenberg-nltk/*.txt", "tinyshakespeare/input.txt", "us-presidential-speeches/*/*.txt",
@@ -120,7 +122,7 @@ def stage_corpus(args, state: State) -> None:
     if state.done("corpus"):
         return
     started, corpus = time.time(), args.out / "corpus"
-    shutil.rmtree(corpus, ignore_errors=True)
+    remove(corpus)
     corpus.mkdir(parents=True)
     cap = 300_000 if args.smoke else 20_000_000
     docs = PythonDocs(SimpleNamespace(max_chars=cap), REPO / ".cache" / "cramming")
@@ -145,13 +147,14 @@ def data_overrides(args) -> list[str]:
             f"data.path={args.out / 'corpus'}", f"data.cache_dir={args.out / 'cache'}", *small]
 
 
-def stage_prepare(args, state: State) -> dict:
+def stage_prepare(args, state: State, overrides: list[str] | None = None) -> dict:
+    """The data every run reads, prepared once (overrides: the runs' data options; record's own by default)."""
     from bench_sections.common import compose_config
 
     from cramming.data.prepare import prepare_data
 
     started = time.time()
-    folder, meta = prepare_data(compose_config(data_overrides(args)).data)
+    folder, meta = prepare_data(compose_config(overrides or data_overrides(args)).data)
     if not state.done("prepare"):
         say(f"data: {meta['train_tokens']:,} training tokens in {meta['train_sequences']:,} sequences, "
             f"{meta['val_sequences']:,} validation sequences, vocabulary {meta['vocab_size']:,}")
@@ -186,7 +189,7 @@ def stage_pretrain(args, state: State) -> None:
         return
     started, ours_dir, hf_dir = time.time(), args.out / "ours", args.out / "hf"
     for folder in (ours_dir, hf_dir):
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(folder)  # a link there is removed, never what it leads to
         folder.mkdir(parents=True)
     shared = data_overrides(args)
     ours = launch(["pretrain.py", *shared, "name=record-ours", f"budget={args.minutes / 60}",

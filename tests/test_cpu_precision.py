@@ -1,6 +1,7 @@
 """impl.precision=auto on CPUs: bf16 where the processor multiplies bf16 matrices natively and a probe measures it
 faster, fp32 elsewhere and for evaluation; bf16 training follows fp32's losses; a resumed run keeps its precision."""
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,7 +47,7 @@ def cpu(monkeypatch):
 def test_a_cpu_without_native_bf16_keeps_fp32(cpu):
     cpu([], speedup=10.0)  # whatever a probe would say, emulated bf16 is never chosen
     runtime = impl.resolve(auto_impl())
-    assert runtime.precision == "fp32" and runtime.autocast() is __import__("contextlib").nullcontext
+    assert runtime.precision == "fp32" and runtime.autocast() is contextlib.nullcontext
     assert "no native bf16" in runtime.why
 
 
