@@ -23,6 +23,7 @@ from .config import LATE_DEFAULTS, PretrainConfig
 from .data.local_text import ENCODING_ERRORS
 from .eval.config import EvalRunConfig
 from .impl import COMPILE_MODES
+from .plugins import import_plugins
 from .registry import listed
 from .rules import registry_keys, resolve
 from .schema import CONF, defaults_node, group_options
@@ -237,4 +238,5 @@ def help_lines(command: str, *keys: str) -> str:
 
 
 if __name__ == "__main__":
+    import_plugins()  # $CRAMMING_PLUGINS' components are listed beside the package's (docs/extending.md)
     print(render(), end="")
