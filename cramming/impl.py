@@ -8,11 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels  # registers the Triton kernels by name; kernels.HAVE_TRITON says whether Triton is there
+from . import kernels  # kernels.HAVE_TRITON says whether Triton is there
 from .errors import UserError
 from .model.attention import ATTENTION_KERNELS, kernel_problem
 from .model.rotary import ROTARY_IMPLS
 from .registry import Registry, invalid, listed
+
+kernels.register()  # impl.attention and impl.rotary may name the Triton kernels: this layer chooses them
 
 # Dense 16-bit tensor-core peaks with fp32 accumulation (what autocast runs: bf16 from compute capability 8.0,
 # fp16 before it), TFLOP/s, from the vendor datasheets and architecture whitepapers, by a part of

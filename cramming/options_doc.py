@@ -18,7 +18,6 @@ from functools import cache
 
 from omegaconf import OmegaConf
 
-from . import kernels  # noqa: F401  registers the Triton kernels by name
 from .config import LATE_DEFAULTS, PretrainConfig
 from .data.local_text import ENCODING_ERRORS
 from .eval.config import EvalRunConfig

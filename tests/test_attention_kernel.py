@@ -284,6 +284,9 @@ def test_rejects_dropout_and_bad_inputs():
 
 
 def test_registered_and_missing_triton_is_a_clear_error(monkeypatch):
+    from cramming import kernels
+
+    kernels.register()  # impl.py's call (importing a kernel registers nothing)
     assert ATTENTION_KERNELS["triton"] is flash_attention
     q, k, v, _ = make(heads=1, seq=4, head_dim=16)
     monkeypatch.setattr(attention_module, "triton", None)

@@ -11,7 +11,7 @@ from test_resume import NAN_RUN, TINY, config_for, sigterm_at, whole_and_resumed
 from cramming import pretraining
 from cramming.model import CrammedConfig
 from cramming.model.heads import CrammedForReplacedTokenDetection, generator_config
-from cramming.train.flops import forward_flops_per_token
+from cramming.train.flops import block_flops, forward_flops_per_token
 from cramming.train.objectives import OBJECTIVES, build_objective
 
 VOCAB = 50
@@ -213,11 +213,11 @@ def test_the_objective_draws_masks_then_replacements_from_the_position():
 
 def test_flops_count_the_detector_and_the_generator():
     model = tiny()
-    discriminator = sum(block.flops_per_token(12) for block in model.encoder.layers)
+    discriminator = sum(block_flops(block, 12) for block in model.encoder.layers)
     detector = 2 * 32 * 32 + 2 * 32
     assert forward_flops_per_token(model, 12, 0.25) == int(
         discriminator + detector + forward_flops_per_token(model.generator, 12, 0.25))
-    generator = sum(block.flops_per_token(12) for block in model.generator.encoder.layers)
+    generator = sum(block_flops(block, 12) for block in model.generator.encoder.layers)
     project, transform, head = 2 * 32 * 8, 2 * 8 * 32 * 0.25, 2 * 32 * VOCAB * 0.25  # tied: to and from width 32
     assert forward_flops_per_token(model.generator, 12, 0.25) == int(generator + project + transform + head)
 

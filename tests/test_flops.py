@@ -44,3 +44,28 @@ def test_structured_layers_cost_less_than_dense(kind):
     dense = forward_flops_per_token(CrammedForMaskedLM(CrammedConfig(**TINY)), 16)
     structured = CrammedForMaskedLM(CrammedConfig(**TINY, linear=kind, linear_on=["ffn"]))
     assert forward_flops_per_token(structured, 16) < dense
+
+
+def test_a_block_of_your_own_is_counted_by_the_counter_it_adds():
+    """The counters are training's (FLOPS, by class): a block kind without one is one error naming it and where
+    its counter goes; with one added, the model counts it."""
+    import torch
+
+    from cramming.model.block import TransformerBlock
+    from cramming.train.flops import FLOPS, block_flops
+
+    class Shortcut(torch.nn.Module):
+        def forward(self, x, ctx=None):
+            return x
+
+    model = CrammedForMaskedLM(CrammedConfig(**TINY))
+    model.encoder.layers[1] = Shortcut()
+    with pytest.raises(ValueError, match=r"no FLOPs counter for Shortcut: add one to cramming.train.flops.FLOPS"):
+        forward_flops_per_token(model, SEQ)
+    FLOPS[Shortcut] = lambda block, seq_len: 7 * seq_len
+    try:
+        assert forward_flops_per_token(model, SEQ) == 2 * ATTENTION + 7 * SEQ + 2 * H * VOCAB
+    finally:
+        del FLOPS[Shortcut]
+    assert block_flops(model.encoder.layers[0], SEQ) == ATTENTION and isinstance(model.encoder.layers[0],
+                                                                                  TransformerBlock)

@@ -92,3 +92,15 @@ def test_pretraining_imports_no_benchmark():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                           check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_importing_a_kernel_registers_nothing_and_impl_registers_the_kernels():
+    """Kernels are named explicitly (kernels.register(), called by impl.py, the layer that chooses them): importing
+    the kernels changes none of the model's registries."""
+    code = ("import cramming.kernels.attention, cramming.kernels.rotary\n"
+            "from cramming.model.attention import ATTENTION_KERNELS\nfrom cramming.model.rotary import ROTARY_IMPLS\n"
+            "before = 'triton' in ATTENTION_KERNELS or 'triton' in ROTARY_IMPLS\nimport cramming.impl\n"
+            "print(before, ATTENTION_KERNELS['triton'].__name__, ROTARY_IMPLS['triton'].__name__)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.stdout.split() == ["False", "flash_attention", "apply_rotary_triton"], done.stderr[-2000:]

@@ -20,7 +20,7 @@ from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.model.rotary import Positions
 from cramming.model.stacks import TokenImportance, dropping_layers, kept_only_layers
-from cramming.train.flops import forward_flops_per_token
+from cramming.train.flops import block_flops, forward_flops_per_token
 from cramming.validation import load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -198,10 +198,10 @@ def test_flops_count_the_kept_only_layers_at_k_tokens():
     """Default (4 layers: [1, 3), cross_first): layer 1 runs whole, layer 2 on k; without cross_first both on k."""
     off, on, plain = model(None), model(0.5), model(0.5, token_dropping={"cross_first": False})
     blocks = on.encoder.layers
-    saved = blocks[2].flops_per_token(SEQ) - blocks[2].flops_per_token(8) * 8 / SEQ
+    saved = block_flops(blocks[2], SEQ) - block_flops(blocks[2], 8) * 8 / SEQ
     assert forward_flops_per_token(on, SEQ) == int(forward_flops_per_token(off, SEQ) - saved)
     assert forward_flops_per_token(plain, SEQ) == int(forward_flops_per_token(off, SEQ) - 2 * saved)
-    assert saved > 0.45 * blocks[2].flops_per_token(SEQ)
+    assert saved > 0.45 * block_flops(blocks[2], SEQ)
 
 
 BASE = ["arch=crammed-bert-tiny", "arch.hidden_size=64", "arch.num_heads=2", "arch.ffn_size=128", "impl=cpu",

@@ -17,7 +17,6 @@ import time
 
 import torch
 
-from ..model.attention import attention_kernel
 from ..model.masks import AttentionSpec
 from . import tuning
 from .flash_kernels import triton  # None where Triton is not installed
@@ -159,6 +158,9 @@ def _attention_backward(ctx, dout, _dlse):
 _attention_op.register_autograd(_attention_backward, setup_context=_setup_context)
 
 
+SERVES = {"window", "alibi", "documents"}  # the attention.FEATURES it computes (kernels/__init__.py registers it)
+
+
 def triton_fit_problem(arch, device=None, dtype=None) -> str | None:
     """What the kernel's tiles cannot hold: head dims past 256, or (on a known CUDA device and dtype) no launch
     config that fits the device's shared memory."""
@@ -170,7 +172,6 @@ def triton_fit_problem(arch, device=None, dtype=None) -> str | None:
     return None
 
 
-@attention_kernel("triton", serves={"window", "alibi", "documents"}, fit_problem=triton_fit_problem, needs_triton=True)
 def flash_attention(q, k, v, spec: AttentionSpec = AttentionSpec(), return_lse=False):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,
     bf16 or fp32; any strides). Masks, ALiBi and scale come from `spec` (masks.py). Returns a (batch, heads, seq,

@@ -7,7 +7,7 @@ buffers.
 
 import torch
 
-from ..model.rotary import ROTARY_IMPLS, rotary_dim_of
+from ..model.rotary import rotary_dim_of
 
 try:
     import triton
@@ -106,7 +106,6 @@ def _rotary_backward(ctx, grad_out):
 _rotary_op.register_autograd(_rotary_backward, setup_context=_setup_context)
 
 
-@ROTARY_IMPLS.register("triton", needs_triton=True)
 def apply_rotary_triton(x, cos, sin, position_ids=None, rotary_pct=1.0, interleaved=False):
     """Same result as apply_rotary_torch, in one fused Triton launch (and one more for the backward)."""
     if triton is None:

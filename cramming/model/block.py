@@ -8,7 +8,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .attention import ATTENTION_KERNELS, SelfAttention
 from .context import PLAIN, Context
 from .ffn import ACTIVATIONS, FFNS, build_norm
-from .linear import LinearMethods, build_linear
+from .linear import build_linear
 from .masks import AttentionSpec, same_document
 from .registry import Registry, invalid
 
@@ -63,12 +63,6 @@ class TransformerBlock(GradientCheckpointingLayer):
         self.norm2 = build_norm(config)
         self.ffn = FFNS.get_or_explain(config.ffn)(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
-        self.hidden_size, self.causal = config.hidden_size, config.causal
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """The projections (each layer counts its own structure), then the scores and the weighted sum:
-        4 * seq * hidden, half of it when causal (FlashAttention's convention: the masked half is skipped)."""
-        return linear_flops(self) + 4 * seq_len * self.hidden_size // (2 if self.causal else 1)
 
     def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
         """ctx: this forward's context (context.py), which the attention reads."""
@@ -88,11 +82,6 @@ class TransformerBlock(GradientCheckpointingLayer):
 # use the lower triangle of the spatial matrix only.
 
 
-def linear_flops(module: nn.Module) -> int:
-    """Forward FLOPs per token of the structured-or-dense layers inside `module` (2 per multiply-add)."""
-    return sum(m.flops_per_token() for m in module.modules() if isinstance(m, LinearMethods))
-
-
 class TinyAttention(nn.Module):
     """aMLP's single-head attention, computed from the block input and projected to the gate's width."""
 
@@ -103,11 +92,6 @@ class TinyAttention(nn.Module):
         self.out = nn.Linear(self.dim, out_features, bias=config.bias)
         self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
         self.causal = config.causal
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Its two plain projections, and one head of width dim attending over seq (halved when causal)."""
-        projections = 2 * (self.qkv.weight.numel() + self.out.weight.numel())
-        return projections + 4 * seq_len * self.dim // (2 if self.causal else 1)
 
     def forward(self, x, ctx: Context = PLAIN):
         q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)  # each (batch, 1 head, seq, dim)
@@ -155,12 +139,6 @@ class GMLPBlock(GradientCheckpointingLayer):
         """The spatial gate starts as the identity on u (its linear layers initialise themselves)."""
         init.zeros_(self.spatial)
         init.ones_(self.spatial_bias)
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """up and down, the spatial mixing (each position sums seq positions over the gate's half width; the
-        causal triangle is a masked full matrix, so it costs the same), and aMLP's tiny attention."""
-        tiny = self.tiny_attention.flops_per_token(seq_len) if self.tiny_attention is not None else 0
-        return linear_flops(self) + 2 * seq_len * self.half + tiny
 
     def gate(self, x, ctx: Context):
         seq_len = x.shape[1]

@@ -2,7 +2,8 @@
 
 Every layer is built as (in_features, out_features, bias, **arch.linear_args) and picks out the arguments it
 uses (rank, blocks, cores, experts, experts_k; None means the default), so one dict configures them all.
-Each can materialise its matrix (`dense_weight`), count its FLOPs, and initialise itself like a dense layer.
+Each can materialise its matrix (`dense_weight`) and initialise itself like a dense layer (training counts
+its FLOPs: cramming/train/flops.py).
 
 Initialisation. A structured layer applies c factors one after another. Each gets the same share of the dense
 layer's variance gain std^2 * in_features, so activations between factors stay between input and output scale:
@@ -74,10 +75,6 @@ class LinearMethods:
     def factors(self) -> list[tuple[torch.Tensor, int]]:
         """The weight tensors in the order they are applied, each with its fan-in."""
         raise NotImplementedError
-
-    def flops_per_token(self) -> int:
-        # Every weight is used once per token (one multiply-add), as in a dense layer; Kronecker and MoE override.
-        return 2 * sum(weight.numel() for weight, _ in self.factors())
 
     @torch.no_grad()
     def reset_parameters_(self, std: float, normal_):
@@ -200,10 +197,6 @@ class Kronecker(Structured):
         x = torch.einsum("...jl,kl->...jk", x.reshape(*x.shape[:-1], a_in, b_in), self.B)
         return torch.einsum("ij,...jk->...ik", self.A, x).reshape(*x.shape[:-2], a_out * b_out)
 
-    def flops_per_token(self):
-        (a_out, a_in), (b_out, b_in) = self.A.shape, self.B.shape
-        return 2 * (a_in * b_in * b_out + a_out * a_in * b_out)
-
     def dense_weight(self):
         return torch.kron(self.A, self.B)
 
@@ -310,7 +303,7 @@ class BTTMoE(Structured):
 
     Defaults: 8 experts, top 2, BTT cores=2, rank=1. This forward is the reference: every expert runs on every
     token (one einsum over the stacked experts per core) and gates that are zero outside the top k mix them.
-    That is exact and simple but does all experts' work; flops_per_token counts the router plus the k experts a
+    That is exact and simple but does all experts' work; train/flops.py counts the router plus the k experts a
     grouped kernel would run. Gathering each token's expert weights instead would cost k whole experts of memory
     per token, kept for backward.
     """
@@ -362,9 +355,6 @@ class BTTMoE(Structured):
     def dense_weight(self):
         """One matrix per expert, (experts, out, in); a token sees their mix by its gates(x)."""
         return btt_materialise(list(self.cores))
-
-    def flops_per_token(self):
-        return 2 * self.experts * self.in_features + self.experts_k * super().flops_per_token() // self.experts
 
     @torch.no_grad()
     def reset_parameters_(self, std: float, normal_):

@@ -3,8 +3,8 @@
 x is (batch, heads, seq, head_dim). The first `rotary_dim` = head_dim * rotary_pct dims of each head (rounded
 down to even) are rotated pairwise by the angle position * base**(-2i/rotary_dim); the rest pass through, as in
 GPT-NeoX (rotary_pct 0.25). Pairs are (i, i + rotary_dim/2) in the GPT-NeoX half-split layout, or (2i, 2i + 1)
-in the GPT-J interleaved layout. `apply_rotary_torch` is the definition; cramming.kernels registers a fused
-Triton version under the name "triton" (`impl.rotary`).
+in the GPT-J interleaved layout. `apply_rotary_torch` is the definition; cramming.kernels holds a fused
+Triton version, which impl.py registers under the name "triton" (`impl.rotary`).
 """
 
 from typing import NamedTuple

@@ -10,7 +10,7 @@ are multiples of 16 (float8 matmul's requirement) and whose weight has at least 
 768 x 768, so the default converts crammed BERT's projections for the measurement to decide, docs/kernels.md).
 The output head (`decoder`, tied to the embeddings), the head transform, the embedding projection, ELECTRA's
 detector, the pooler and classifier stay bf16: their outputs feed the loss directly. Embeddings are no Linear.
-The swapped layers lose the project's LinearMethods (flops_per_token, reset_parameters_): the run counts FLOPs and
+The swapped layers lose the project's LinearMethods (its FLOPs counter, reset_parameters_): the run counts FLOPs and
 initialises before place() converts, averaging rebuilds unconverted models from the state dict, and the final
 checkpoint saves the converted model's plain weights.
 """

@@ -8,7 +8,6 @@ import importlib.util
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .. import kernels  # noqa: F401  registers the Triton kernels by name, which impl.attention may choose
 from ..config import PretrainConfig
 from ..errors import UserError, refuse
 from ..plugins import import_plugins
