@@ -40,7 +40,7 @@ from .train.state import TrainState
 from .train.trainer import Budget, Parts, Trainer
 from .train_summary import averaging_summary, train_summary
 from .untrusted import leads_outside
-from .validation.across import run_problem
+from .validation.across import engine_problem
 
 CPU_BATCH = 1024  # train=cpu-smoke uses 64; a CPU step of 1024 sequences takes tens of seconds even for tiny models
 
@@ -76,7 +76,7 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
     engine = engines.setup(config.impl.distributed, runtime.device.type)
     try:
         engine.check(config, runtime, microbatch_size(config))  # the same on every rank, so all ranks stop
-        refuse(run_problem(config, engine, runtime))  # and what the engine refuses of the other components
+        refuse(engine_problem(config, engine, runtime))  # and what the engine refuses of the other components
         job = Pretraining.build(config, Path(engine.broadcast(str(run_dir))), runtime, engine)
         job.resume()
         with StopFlag() as stop:  # a stop signal after the last step waits for the final checkpoint: the run is whole

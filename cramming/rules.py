@@ -102,7 +102,7 @@ def registry_keys(cls, prefix: str = ""):
 
 
 def resolve(spec: str) -> tuple:
-    """"model.ffn:FFNS or auto" -> (the FFNS registry, ("auto",))."""
+    """"model.modeling_crammed:FFNS or auto" -> (the FFNS registry, ("auto",))."""
     path, *extra = spec.split(" or ")
     module, name = path.split(":")
     return getattr(importlib.import_module(f"cramming.{module}"), name), tuple(extra)

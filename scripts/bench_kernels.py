@@ -271,7 +271,7 @@ def kernel_functions(res: dict) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from cramming.model.attention import eager_attention
-    from cramming.model.masks import AttentionSpec
+    from cramming.model.attention_masks import AttentionSpec
     from cramming.model.rotary import apply_rotary_torch
 
     flash, flash_error = try_import("cramming.kernels.attention", "flash_attention")

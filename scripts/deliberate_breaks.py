@@ -41,7 +41,7 @@ class Break(NamedTuple):
 
 
 BREAKS = [
-    Break("cramming/model/masks.py",
+    Break("cramming/model/attention_masks.py",
           "visible = visible & padding[:, None, None, :].bool()",
           "visible = visible & padding[:, None, :, None].bool()",
           "attention masks padded queries instead of padded keys (the padding mask on the wrong axis)",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cramming.model.attention import ATTENTION_KERNELS, alibi_slopes, eager_attention, sdpa_attention, visible_keys
-from cramming.model.masks import AttentionSpec
+from cramming.model.attention_masks import AttentionSpec
 
 OPTIONS = [
     dict(),

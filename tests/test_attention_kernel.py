@@ -26,7 +26,7 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 from cramming.kernels import attention as attention_module
 from cramming.kernels import flash_attention, flash_kernels
 from cramming.model.attention import ATTENTION_KERNELS, alibi_bias, eager_attention, visible_keys
-from cramming.model.masks import AttentionSpec
+from cramming.model.attention_masks import AttentionSpec
 
 if INTERPRET and type(flash_kernels.PLAIN["fwd"]).__name__ != "InterpretedFunction":
     pytest.skip("cramming.kernels was imported (by another test) before TRITON_INTERPRET=1 was set, so its kernels "

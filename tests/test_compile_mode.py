@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from cramming.errors import UserError
 from cramming.impl import COMPILE_MODES, compile_note
-from cramming.model.modeling_crammed import CrammedPreTrainedModel
+from cramming.model.pretrained import CrammedPreTrainedModel
 from cramming.pretraining import pretrain
 from cramming.validation import load_config
 

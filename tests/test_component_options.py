@@ -77,7 +77,7 @@ def test_the_walk_finds_every_option_naming_a_registry():
 @dataclass
 class Inner:
     COMPONENT: ClassVar[tuple] = ("kind", "halt")
-    REGISTRIES: ClassVar[dict] = {"norm": "model.ffn:NORMS"}
+    REGISTRIES: ClassVar[dict] = {"norm": "model.norms:NORMS"}
     norm: str = "layernorm"
 
 

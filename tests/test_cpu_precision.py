@@ -165,7 +165,7 @@ def test_the_matmul_kernel_is_the_eager_formula_in_the_inputs_dtype(spec):
     """fp32 inputs: eager's numbers, forward and backward. bf16 inputs: eager's to bf16 precision (its products
     round q, k, the probabilities and v to 8 bits of mantissa), and its output and gradients stay bf16."""
     from cramming.model.attention import eager_attention, matmul_attention
-    from cramming.model.masks import AttentionSpec
+    from cramming.model.attention_masks import AttentionSpec
 
     fields = dict(spec)
     if fields.get("padding") == "last-5":

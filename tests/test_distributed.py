@@ -28,10 +28,10 @@ def Distributed(name: str, rank: int, world: int):
 def check_distributed(config, runtime, engine) -> None:
     """What pretrain() asks the engine before any work: its own problem, then what it refuses of the others."""
     from cramming.errors import refuse
-    from cramming.validation.across import run_problem
+    from cramming.validation.across import engine_problem
 
     engine.check(config, runtime, microbatch_size(config))
-    refuse(run_problem(config, engine, runtime))
+    refuse(engine_problem(config, engine, runtime))
 
 TINY = ["arch=crammed-bert-tiny", "arch.num_layers=1", "arch.hidden_size=64", "arch.num_heads=2",
         "arch.ffn_size=128", "impl=cpu", "train=cpu-smoke", "train.validation_sequences=16", "data=sanity",
@@ -77,7 +77,7 @@ def test_ddp_matches_one_process_with_the_same_global_batch(tmp_path):
 
 
 def test_ddp_trains_with_token_dropping(tmp_path):
-    """Token dropping under DDP: each training forward all-reduces the importance update (model/stacks.py)
+    """Token dropping under DDP: each training forward all-reduces the importance update (model/token_dropping.py)
     inside DDP's forward, with no buffer broadcast; the run finishes and rank 0's buffer holds the losses. (That
     the ranks' update equals one process's over the whole microbatch is test_token_dropping_ddp's.)"""
     run = [*TINY, "arch.num_layers=3", "arch.token_dropping.keep=0.5", "train.max_steps=2", "train.batch_ramp=0"]

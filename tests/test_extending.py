@@ -41,7 +41,7 @@ def test_the_page_adds_one_activation_one_position_scheme_and_a_preset():
 def idea(tmp_path, monkeypatch):
     """The page's files written under tmp_path (conf/ a copy of ours plus the preset), its plugins imported as
     $CRAMMING_PLUGINS imports them; returns the conf folder. The names leave the registries afterwards."""
-    from cramming.model.ffn import ACTIVATIONS
+    from cramming.model.activations import ACTIVATIONS
     from cramming.model.positions import POSITIONS
 
     shutil.copytree(REPO / "conf", tmp_path / "conf")
@@ -74,7 +74,7 @@ def model_for(config):
 
 def test_gelu_tanh_is_gpt2s_formula(idea):
     """GPT-2's gelu: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); within 1e-3 of the exact GELU, not equal."""
-    from cramming.model.ffn import ACTIVATIONS
+    from cramming.model.activations import ACTIVATIONS
 
     x = torch.linspace(-6, 6, 1201, dtype=torch.float64)
     reference = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
@@ -105,7 +105,7 @@ def test_kerple_log_is_the_papers_bias(idea):
 
 
 def test_the_preset_composes_validates_and_trains(idea):
-    from cramming.model.ffn import ACTIVATIONS
+    from cramming.model.activations import ACTIVATIONS
     from cramming.run import build_run
 
     config = config_for(idea, "train.lr=3e-3")

@@ -51,7 +51,7 @@ def test_a_block_of_your_own_is_counted_by_the_counter_it_adds():
     its counter goes; with one added, the model counts it."""
     import torch
 
-    from cramming.model.block import TransformerBlock
+    from cramming.model.modeling_crammed import TransformerBlock
     from cramming.train.flops import FLOPS, block_flops
 
     class Shortcut(torch.nn.Module):

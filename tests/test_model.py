@@ -197,7 +197,7 @@ def test_init_schemes_set_the_documented_stds(scheme):
 
 
 def test_scalenorm_and_qk_norm():
-    from cramming.model.ffn import ScaleNorm
+    from cramming.model.norms import ScaleNorm
 
     norm = ScaleNorm(16, 1e-12, False)
     x = torch.randn(3, 16)
@@ -418,3 +418,36 @@ def test_config_json_nests_the_sections_and_older_flat_keys_still_load(tmp_path)
     old = CrammedConfig.from_pretrained(tmp_path)
     assert old.attention == config.attention and old.linear_args == config.linear_args
     assert not hasattr(old, "attention_window")
+
+
+# The default path's promise (docs/extending.md): a default model's forward and backward read in modeling_crammed.py,
+# which calls out only to the extension points it was built with: the attention kernel, the position table, the
+# loss, the parametrization's logit multiplier, the forward's context, and the PreTrainedModel base.
+DEFAULT_PATH = {"modeling_crammed.py", "attention.py", "positions.py", "losses.py", "parametrization.py", "context.py",
+                "pretrained.py"}
+
+
+@pytest.mark.parametrize("head", ["mlm", "clm"])
+def test_the_default_forward_and_backward_read_in_one_file(head):
+    """Every function of cramming/model/ that a default crammed BERT (or causal model) calls in a training forward
+    and backward is in DEFAULT_PATH, and most calls are modeling_crammed.py's."""
+    causal = head == "clm"
+    config = tiny(objective="clm", causal=True) if causal else tiny()
+    model = (CrammedForCausalLM if causal else CrammedForMaskedLM)(config)
+    ids, labels = masked_batch()
+    calls = {}
+
+    def count(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event == "call" and "/cramming/model/" in path:
+            name = path.rsplit("/", 1)[1]
+            calls[name] = calls.get(name, 0) + 1
+
+    sys.setprofile(count)
+    try:
+        out = model(ids, labels=labels, **({} if causal else {"pretraining": True}))
+        out.loss.backward()
+    finally:
+        sys.setprofile(None)
+    assert set(calls) <= DEFAULT_PATH, calls
+    assert calls["modeling_crammed.py"] > sum(calls.values()) / 2, calls

@@ -24,9 +24,10 @@ from cramming.data.tokenizer import train_tokenizer
 from cramming.errors import UserError
 from cramming.model import CrammedForCausalLM
 from cramming.model.attention import eager_attention, sdpa_attention
-from cramming.model.block import GMLPBlock, TransformerBlock
-from cramming.model.ffn import MLP, LayerNorm, RMSNorm, ScaleNorm
+from cramming.model.gmlp import GMLPBlock
 from cramming.model.linear import BTT, BTTMoE, Dense, Kronecker, LowRank, Monarch
+from cramming.model.modeling_crammed import MLP, TransformerBlock
+from cramming.model.norms import LayerNorm, RMSNorm, ScaleNorm
 from cramming.model.positions import LearnedPositions, NoPositions
 from cramming.model.rotary import ROTARY_IMPLS
 from cramming.pretraining import pretrain

@@ -90,7 +90,7 @@ PRETRAIN = [
     row("data.seq_length=1024", "longer than the scaled-sinusoidal position table (arch.max_seq_length=128)",
         "sinusoidal-table-too-short"),
 
-    # arch.layout's blocks (cramming/model/block.py)
+    # arch.layout's blocks (cramming/model/modeling_crammed.py, gmlp.py)
     row("arch.layout=[gmlp] data.seq_length=256", "longer than the gmlp spatial matrix", "gmlp-matrix-too-short"),
 
     # arch.attention: the patterns (cramming/model/patterns.py, asked through the PATTERNS registry)

@@ -31,9 +31,8 @@ from cramming.impl import Runtime, resolve_kernels
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.model.arch import ArchConfig, AttentionConfig
 from cramming.model.attention import ATTENTION_KERNELS, AttentionSpec, attend_at
-from cramming.model.block import BLOCKS, TransformerBlock, cache_problem
-from cramming.model.ffn import FFNS
 from cramming.model.linear import LINEARS
+from cramming.model.modeling_crammed import BLOCKS, FFNS, TransformerBlock, cache_problem
 from cramming.model.parametrization import PARAMETRIZATIONS
 from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS, PositionScheme
@@ -56,8 +55,8 @@ from cramming.validation.across import (
     block_projections,
     engine_compile_problem,
     engine_optimizer_problem,
+    engine_problem,
     masking_problem,
-    run_problem,
     token_dropping_problem,
     zero_init_problem,
 )
@@ -305,7 +304,7 @@ def window_schedule_on_local():
 
 def deepspeed_halting():
     config = run_config(**{"impl.deepspeed.zero_stage": 0, "train.nonfinite": "halt"})
-    return run_problem(config, ENGINES["deepspeed"](), SimpleNamespace(precision="bf16"))
+    return engine_problem(config, ENGINES["deepspeed"](), SimpleNamespace(precision="bf16"))
 
 
 @dataclass

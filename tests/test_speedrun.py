@@ -18,8 +18,8 @@ from cramming import pretraining
 from cramming import run as run_module
 from cramming.errors import exit_on_user_error
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
-from cramming.model.attention import SelfAttention
 from cramming.model.losses import LOSSES, linear_cross_entropy, soft_cap
+from cramming.model.modeling_crammed import SelfAttention
 from cramming.train.schedule import window_at
 from cramming.validation import load_config
 
@@ -219,7 +219,7 @@ def test_window_schedule_gives_the_planned_window():
 def test_a_compiled_model_follows_a_new_window():
     """torch.compile guards on the window: after set_attention_window the compiled model computes with the new one
     (dynamo's own tracing; the eager backend keeps it cheap)."""
-    from cramming.model.attention import set_attention_window
+    from cramming.model.modeling_crammed import set_attention_window
 
     torch.manual_seed(0)
     model = CrammedForCausalLM(tiny(attention_pattern=["local"], attention_window=2)).eval()

@@ -1,11 +1,13 @@
-"""The layer stack is chosen when the model is built (model/stacks.py): the forward runs whichever stack the options
+"""The layer stack is chosen when the model is built (modeling_crammed.build_stack): every block in turn (None), a
+U-net (model/unet.py) or token dropping (model/token_dropping.py). The forward runs whichever stack the options
 asked for, and the stack holds only structure, so the model's tensor names do not depend on it."""
 
 import pytest
 import torch
 
 from cramming.model import CrammedConfig, CrammedForMaskedLM
-from cramming.model.stacks import DroppingStack, Stack, UNetStack
+from cramming.model.token_dropping import DroppingStack
+from cramming.model.unet import UNetStack
 
 SIZES = {"hidden_size": 32, "num_heads": 4, "ffn_size": 64, "num_layers": 4, "vocab_size": 97}
 
@@ -16,10 +18,10 @@ def model(**options) -> CrammedForMaskedLM:
 
 
 @pytest.mark.parametrize("options, kind", [
-    (dict(), Stack),
+    (dict(), type(None)),  # every block in turn: CrammedModel.run_blocks
     (dict(unet_skips=True), UNetStack),
     (dict(token_dropping={"keep": 0.5}), DroppingStack),
-    (dict(token_dropping={"keep": 1.0}), Stack),  # keeping every token drops none
+    (dict(token_dropping={"keep": 1.0}), type(None)),  # keeping every token drops none
 ])
 def test_the_options_choose_the_stack_when_the_model_is_built(options, kind):
     assert type(model(**options).encoder.stack) is kind

@@ -1,4 +1,4 @@
-"""Token dropping (arch.token_dropping, model/stacks.py): which tokens the middle layers see, what the dropped
+"""Token dropping (arch.token_dropping, model/token_dropping.py): which tokens the middle layers see, what the dropped
 ones carry past them, the importance averages and their update from both loss paths, the forwards that never drop,
 the FLOPs count, what it accepts (what it refuses: the table in tests/test_refusals.py), exact resume and a
 whole CLI run."""
@@ -19,7 +19,7 @@ from cramming.model.context import Context
 from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.model.rotary import Positions
-from cramming.model.stacks import TokenImportance, dropping_layers, kept_only_layers
+from cramming.model.token_dropping import TokenImportance, dropping_layers, kept_only_layers
 from cramming.train.flops import block_flops, forward_flops_per_token
 from cramming.validation import load_config
 

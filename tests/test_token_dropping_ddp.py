@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cramming.model.configuration_crammed import CrammedConfig
-from cramming.model.stacks import TokenImportance
+from cramming.model.token_dropping import TokenImportance
 
 VOCAB = 64
 
@@ -58,7 +58,7 @@ def test_the_update_all_reduces_sums_and_counts(monkeypatch):
     above is in the slow tier)."""
     import threading
 
-    from cramming.model import stacks as token_dropping  # token dropping lives in stacks.py
+    from cramming.model import token_dropping
 
     meeting, box = threading.Barrier(2), []
 

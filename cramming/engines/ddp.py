@@ -17,7 +17,7 @@ class DDP(Torchrun):
     def wrap(self, model, device: torch.device):
         # gradients live in the communication buckets: no second copy of them (16, not 20, bytes per parameter).
         # No buffer broadcast from rank 0 at each forward: our buffers are constants, or token dropping's importance,
-        # whose update all-reduces every rank's losses (model/stacks.py), so the ranks already agree. Newer
+        # whose update all-reduces every rank's losses (model/token_dropping.py), so the ranks already agree. Newer
         # torch (2.13) names that forward_sync_buffers=False and warns (FutureWarning) at broadcast_buffers; its one
         # broadcast at construction changes nothing, as the ranks agree.
         accepted = inspect.signature(DistributedDataParallel).parameters

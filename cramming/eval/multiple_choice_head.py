@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import AutoModelForMultipleChoice
 
-from ..model.block import BLOCKS
+from ..model.modeling_crammed import BLOCKS
 from ..model.positions import POSITIONS
 from .classifier_head import build_classifier
 from .finetune import Head, auto_model, clipped, collate

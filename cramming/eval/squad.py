@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForQuestionAnswering
 
 from ..errors import UserError, check
-from ..model.block import BLOCKS
+from ..model.modeling_crammed import BLOCKS
 from ..model.positions import POSITIONS
 from .config import recipe_for
 from .finetune import Head, auto_model, require_fast

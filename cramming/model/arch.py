@@ -60,7 +60,7 @@ class RPEConfig:
 
 @dataclass
 class GMLPConfig:
-    """gmlp blocks in arch.layout (model/block.py)."""
+    """gmlp blocks in arch.layout (model/gmlp.py)."""
 
     attn_dim: int = 0  # width of aMLP's tiny attention; 0 = none
 
@@ -95,7 +95,7 @@ class RTDConfig:
 
 @dataclass
 class TokenDroppingConfig:
-    """Token dropping (Hou et al. 2022, model/stacks.py): in MLM pretraining the layers [first, last) update
+    """Token dropping (Hou et al. 2022, model/token_dropping.py): in MLM pretraining the layers [first, last) update
     only the sequence's most important tokens; the others skip them and rejoin, with the state they had entering
     `first`, before layer `last`. The default is the TF reference's split."""
 
@@ -160,8 +160,8 @@ class ArchConfig:
     # The options naming registered components, asked in this order (position after the blocks and the patterns:
     # their messages say more). Module paths are relative to the cramming package, so this file imports nothing.
     REGISTRIES: ClassVar[dict] = {
-        "ffn": "model.ffn:FFNS", "activation": "model.ffn:ACTIVATIONS", "norm": "model.ffn:NORMS",
-        "init": "model.parametrization:INITS", "linear": "model.linear:LINEARS", "layout": "model.block:BLOCKS",
+        "ffn": "model.modeling_crammed:FFNS", "activation": "model.activations:ACTIVATIONS", "norm": "model.norms:NORMS",
+        "init": "model.parametrization:INITS", "linear": "model.linear:LINEARS", "layout": "model.modeling_crammed:BLOCKS",
         "objective": "train.objectives:OBJECTIVES", "position": "model.positions:POSITIONS",
         "parametrization": "model.parametrization:PARAMETRIZATIONS",
     }

@@ -1,5 +1,6 @@
-"""Multi-head self-attention. The kernel that computes softmax(QK^T * scale + bias)V is chosen by name
-(`impl.attention`): every kernel is `fn(q, k, v, spec)`, spec a masks.AttentionSpec (its fields' meaning: masks.py),
+"""The attention kernels by name (`impl.attention`), and the path of queries whose mask needs their positions (a KV
+cache's step). The kernel computes softmax(QK^T * scale + bias)V for modeling_crammed.SelfAttention: every kernel is
+`fn(q, k, v, spec)`, spec a attention_masks.AttentionSpec (its fields' meaning: attention_masks.py),
 and must give the same numbers, or refuse what it cannot do. The spec's `scale` is None for the usual 1/sqrt(d), or
 the one arch.parametrization sets (parametrization.py: muP's 1/d).
 """
@@ -7,14 +8,9 @@ the one arch.parametrization sets (parametrization.py: muP's 1/d).
 import math
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from .context import PLAIN, Context
-from .ffn import build_norm
-from .linear import build_linear
-from .masks import AttentionSpec, alibi_bias, alibi_bias_at, alibi_slopes, same_document, visible_keys  # noqa: F401  (this API)
-from .parametrization import parametrization
+from .attention_masks import AttentionSpec, alibi_bias, alibi_bias_at, alibi_slopes, same_document, visible_keys  # noqa: F401  (this API)
 from .patterns import PATTERNS
 from .positions import POSITIONS
 from .registry import Registry
@@ -65,7 +61,7 @@ def words(names: list[str]) -> str:
 
 
 def spec_visible(q, spec: AttentionSpec) -> torch.Tensor | None:
-    """masks.visible_keys for a square (q and k of one length) call with this spec."""
+    """attention_masks.visible_keys for a square (q and k of one length) call with this spec."""
     return visible_keys(q.shape[2], spec.causal, spec.window, spec.padding, q.device, spec.stepped, spec.documents)
 
 
@@ -197,132 +193,3 @@ def build_mask_at(q, k, spec: AttentionSpec, pattern, positions=None):
     if spec.bias is not None:
         additive = additive + spec.bias.float()
     return additive.masked_fill(~visible, float("-inf")), ~visible.any(-1, keepdim=True)
-
-
-def autocast_dtype(q, k, v):
-    """q, k, v in the autocast dtype. CUDA autocast runs layer/RMS norms in fp32 (CPU autocast in bf16), so with
-    QK-norm q and k would reach the kernel as fp32 beside a bf16 v: every kernel gets one dtype instead."""
-    device_type = q.device.type
-    if not torch.is_autocast_enabled(device_type):
-        return q, k, v
-    dtype = torch.get_autocast_dtype(device_type)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
-class SelfAttention(nn.Module):
-    """`index` counts the attention blocks only: the pattern list and arch.rotary.every cycle over those."""
-
-    def __init__(self, config, index: int = 0):
-        super().__init__()
-        if config.hidden_size % config.num_heads:
-            raise ValueError(f"hidden_size {config.hidden_size} is not divisible by num_heads {config.num_heads}")
-        self.num_heads = config.num_heads
-        self.head_dim = config.hidden_size // config.num_heads
-        self.qkv = build_linear(config, "attention", config.hidden_size, 3 * config.hidden_size)
-        self.out = build_linear(config, "attention", config.hidden_size, config.hidden_size)
-        self.out.residual_output = True  # scaled down by arch.init=megatron-scaled
-        # QK-norm (Dehghani et al. 2023): normalise each head's queries and keys, bounding the attention logits.
-        self.q_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
-        self.dropout = config.attention_dropout
-        self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
-        self.config = config  # its _attn_implementation: "eager" (transformers' name) asks for the eager kernel
-        self.pattern = PATTERNS.get_or_explain(config.attention.pattern[index % len(config.attention.pattern)])
-        positions = POSITIONS.get_or_explain(config.position)
-        self.rotary = positions.rotation(config, index)
-        self.value_mix = ValueMix() if index in value_layers(config) else None  # arch.value_embeddings
-        # the static part of every call's spec: a forward adds its context's tensors and dropout
-        self.spec = self.static_spec(config, alibi=positions.alibi,
-                                     scale=parametrization(config).attention_scale(config))  # None: 1/sqrt(head_dim)
-
-    def static_spec(self, config, alibi: bool, scale: float | None) -> AttentionSpec:
-        """Causality, ALiBi, the scale and the pattern's window / stepped / topk (its kernel_args, which
-        set_attention_window re-reads when train.window_schedule changes the window)."""
-        return AttentionSpec(causal=config.causal, alibi=alibi, scale=scale, **self.pattern.kernel_args(config))
-
-    def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
-        """ctx: this forward's context (context.py). With a cache slot, x holds only the tokens after the cached
-        ones, at positions cache.past onwards (with an empty cache, the prompt, the kernel runs as without one).
-        Given positions, rotary turns by them and an absolute pattern (stepped) masks by them."""
-        batch, seq_len, hidden = x.shape
-        qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if ctx.value_embedding is not None:
-            v = self.value_mix(v, ctx.value_embedding)
-        q, k, v = autocast_dtype(q, k, v)
-        spec = self.spec._replace(padding=ctx.padding, bias=ctx.bias, documents=ctx.documents,
-                                  dropout_p=self.dropout if self.training else 0.0)
-        cache = ctx.cache
-        if self.rotary is not None:  # before the keys are cached: the cache keeps them turned
-            q, k = self.rotary(q, k, 0 if cache is None else cache.past, ctx.positions, ctx.shared)
-        if cache is not None:
-            k, v = cache.append(k, v)
-        if (cache is not None and cache.past) or (ctx.positions is not None and self.pattern.absolute):
-            y = attend_at(q, k, v, spec, self.pattern, ctx.positions, ctx.attentions, ctx.shared)
-        elif ctx.attentions is not None:  # output_attentions: the probabilities themselves, whatever the kernel
-            probs = eager_probs(q, k, spec)
-            ctx.attentions.append(probs.to(q.dtype))
-            y = weighted_values(probs, v, spec).to(q.dtype)
-        elif getattr(self.config, "_attn_implementation", None) == "eager":
-            y = eager_attention(q, k, v, spec)
-        else:
-            y = self.kernel(q, k, v, spec)
-        return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
-
-
-def set_attention_window(model, window: int) -> None:
-    """A built model's attention window changed (train.window_schedule, the speedrun's window warm-up): every local
-    or stepped attention block rebuilds its static spec's pattern fields from the config, and the config keeps the
-    new window, so a checkpoint saved afterwards loads with the window the model last trained with. model: a crammed
-    model (the module itself, not a compiled or engine wrapper)."""
-    config = model.config
-    if config.attention.window == window:
-        return
-    config.attention.window = window
-    for module in model.modules():
-        if isinstance(module, SelfAttention):
-            module.spec = module.spec._replace(**module.pattern.kernel_args(config))
-
-
-# ---------------------------------------------------------------- value embeddings
-# Value embeddings (the GPT speedrun): extra token-embedding tables whose lookups are mixed into the attention
-# values of chosen layers, `v <- a v + b e` with a learned (a, b) per layer. As in the record, table i serves layer i
-# and its mirror among the last layers (`arch.value_embeddings` = k tables: the first k and the last k layers), so
-# the input tokens reach the late layers' values directly.
-
-
-def value_layers(config) -> dict[int, int]:
-    """layer index -> table index (config: a CrammedConfig)."""
-    k, n = config.value_embeddings, config.num_layers
-    return {**{i: i for i in range(k)}, **{n - k + i: i for i in range(k)}}
-
-
-class ValueEmbeddings(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.tables = nn.ModuleList(nn.Embedding(config.vocab_size, config.hidden_size)
-                                    for _ in range(config.value_embeddings))
-        self.layers = value_layers(config)
-
-    def forward(self, input_ids: torch.Tensor) -> dict[int, torch.Tensor]:
-        """layer index -> its (batch, seq, hidden) value embedding; each table is looked up once."""
-        looked_up = [table(input_ids) for table in self.tables]
-        return {layer: looked_up[table] for layer, table in self.layers.items()}
-
-
-class ValueMix(nn.Module):
-    """One layer's mix: a v + b e, both weights starting at 0.5 (the record's lambdas)."""
-
-    def __init__(self):
-        super().__init__()
-        self.weights = nn.Parameter(torch.full((2,), 0.5))
-
-    def init_weights_(self, init, std: float) -> None:
-        init.constant_(self.weights, 0.5)
-
-    def forward(self, v: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-        """v: (batch, heads, seq, head_dim); embedding: (batch, seq, hidden), split into the same heads."""
-        batch, heads, seq_len, head_dim = v.shape
-        e = embedding.view(batch, seq_len, heads, head_dim).transpose(1, 2).to(v.dtype)
-        return self.weights[0] * v + self.weights[1] * e

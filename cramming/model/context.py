@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .rotary import Positions
-from .stacks import gather_tokens
+from .token_dropping import gather_tokens
 
 
 class Context(NamedTuple):
@@ -17,10 +17,16 @@ class Context(NamedTuple):
     documents: torch.Tensor | None = None  # (batch, seq) document ids: no attention across them (data.document_masking)
     bias: torch.Tensor | None = None  # an additive score bias shared by the layers (T5's relative-position bias)
     cache: object | None = None  # this layer's KV cache slot when generating (kv_cache.LayerCache)
-    value_embedding: torch.Tensor | None = None  # this layer's value embedding (attention.py)
-    hidden_states: list | None = None  # output_hidden_states: each block's output is appended (stacks.py)
+    value_embedding: torch.Tensor | None = None  # this layer's value embedding (value_embeddings.py)
+    hidden_states: list | None = None  # output_hidden_states: each block's output is appended (record)
     attentions: list | None = None  # output_attentions: each attention block appends its probabilities
     shared: dict | None = None  # what the layers of one cached step build once and share (attention.mask_at)
+
+    def record(self, x: torch.Tensor) -> torch.Tensor:
+        """x, a block's output, kept for output_hidden_states when they were asked for."""
+        if self.hidden_states is not None:
+            self.hidden_states.append(x)
+        return x
 
     def kept(self, keep: torch.Tensor, seq_len: int) -> "Context":
         """The context of the kept tokens alone (token dropping): their padding, document ids and positions."""

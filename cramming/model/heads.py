@@ -23,17 +23,11 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_crammed import HEAD_KEYS, CrammedConfig, current_head_keys
-from .ffn import build_norm
 from .losses import head_logits
-from .modeling_crammed import (
-    CrammedForMaskedLM,
-    CrammedModel,
-    CrammedPreTrainedModel,
-    _Activation,
-    as_requested,
-    encoder_outputs,
-)
+from .modeling_crammed import CrammedForMaskedLM, CrammedModel, _Activation, as_requested, encoder_outputs
+from .norms import build_norm
 from .parametrization import mark_hidden
+from .pretrained import CrammedPreTrainedModel
 
 
 def pooled_token(hidden, attention_mask, causal: bool):

@@ -1,5 +1,5 @@
 """What a KV cache needs beyond the attention itself: the name transformers gives it and one layer's slot (ALiBi's
-bias for queries that do not start at position 0 is masks.alibi_bias_at).
+bias for queries that do not start at position 0 is attention_masks.alibi_bias_at).
 
 The cache is transformers' own `DynamicCache` (`generate` makes one): each attention block appends its new keys and
 values, already rotated when the scheme is rotary, and gets back every key so far. New tokens sit at positions

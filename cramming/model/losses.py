@@ -3,7 +3,7 @@
 Both give the same loss; they differ in memory. `plain` projects the hidden states to full logits and takes their
 cross-entropy; `fused` never materialises the logits while training (below), and falls back to `plain`
 in evaluation, which wants the logits themselves. `per_token` also returns each row's loss (detached), from the
-same pass: what token dropping's importance averages are updated from (stacks.py).
+same pass: what token dropping's importance averages are updated from (token_dropping.py).
 """
 
 import torch
@@ -95,7 +95,7 @@ CHUNK_ELEMENTS = 2**23  # logits per chunk: 32 MB in fp32, 256 rows of a 32k voc
 class LinearCrossEntropy(torch.autograd.Function):
     """mean over rows with target != -100 of cross_entropy(soft_cap(hidden @ weight.T + bias, softcap), target),
     and each row's own cross-entropy (0 where the target is -100; no gradient), which token dropping's importance
-    averages read (stacks.py): a by-product of the chunks, one float per row."""
+    averages read (token_dropping.py): a by-product of the chunks, one float per row."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, softcap=None):

@@ -1,41 +1,255 @@
-"""The crammed encoder and its heads, as Hugging Face models.
+"""The crammed model read top to bottom, as Hugging Face models: the feed-forward block, self-attention, the
+transformer block (attention then feed-forward, each a residual branch, normalised pre or post), the model
+(embeddings -> blocks -> final norm, CrammedModel), the MLM head (CrammedForMaskedLM) and the next-token head of
+causal models (CrammedForCausalLM, `objective: clm`, whose attention is causal).
 
-Read top to bottom: embeddings -> blocks -> final norm (CrammedModel), then the MLM head
-(CrammedForMaskedLM) and the next-token head of causal models (CrammedForCausalLM, `objective: clm`, whose
-attention is causal). The fine-tuning heads (GLUE's classifier and the others) are in heads.py.
-Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
+Every variant is a file of its own, entering through a registry this file asks by name (docs/extending.md): the
+attention kernel and pattern (attention.py, patterns.py), the position scheme (positions.py, rotary.py), the linear
+layers (linear.py), the activation and norm (activations.py, norms.py), the block kind (gmlp.py, registered below),
+the stack (unet.py, token_dropping.py), value embeddings and arch.parametrization. What every model shares as a
+PreTrainedModel (saving, loading, init) is pretrained.py; the fine-tuning heads (GLUE's classifier and the others)
+are heads.py. Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
-import shutil
 import warnings
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers import DynamicCache, GenerationMixin, PreTrainedModel
-from transformers import initialization as init
-from transformers.dynamic_module_utils import get_relative_import_files
-from transformers.modeling_outputs import (
-    BaseModelOutput,
-    CausalLMOutputWithPast,
-    MaskedLMOutput,
-)
+from transformers import DynamicCache, GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput
 
-from .attention import ValueEmbeddings
-from .block import BLOCKS, cache_problem
-from .configuration_crammed import OLD_KEYS, CrammedConfig, current_keys
-from .context import Context, document_positions, position_ids_from_mask, token_positions
-from .ffn import ACTIVATIONS, build_norm
+from .activations import ACTIVATIONS
+from .attention import ATTENTION_KERNELS, attend_at, eager_attention, eager_probs, weighted_values
+from .attention_masks import AttentionSpec
+from .configuration_crammed import CrammedConfig, current_keys
+from .context import PLAIN, Context, document_positions, position_ids_from_mask, token_positions
+from .gmlp import GMLPBlock
 from .kv_cache import CACHE_KEY, LayerCache
+from .linear import build_linear
 from .losses import LOSSES, head_logits
-from .parametrization import init_std, mark_hidden, parametrization
+from .norms import build_norm
+from .parametrization import mark_hidden, parametrization
+from .patterns import PATTERNS
 from .positions import POSITIONS
-from .registry import copy_into
-from .stacks import TokenImportance, UNetSkips, build_stack, dropping_layers
+from .pretrained import CrammedPreTrainedModel
+from .registry import Registry, invalid
+from .token_dropping import DroppingStack, TokenImportance, dropping_layers
+from .unet import UNetSkips, UNetStack
+from .value_embeddings import ValueEmbeddings, ValueMix, value_layers
 
-# save_pretrained(push_to_hub=True, ...)'s keywords that only the push reads.
-HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
+# ---------------------------------------------------------------- the feed-forward block (arch.ffn)
+
+FFNS = Registry("ffn", traits={
+    "gated": "its up projection is split into a gate and a value: the down projection takes ffn_size / 2",
+})
+
+
+@FFNS.register("mlp")
+class MLP(nn.Module):
+    """Two projections, hidden -> ffn_size -> hidden, with the activation between (BERT's feed-forward)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
+        self.down = build_linear(config, "ffn", config.ffn_size, config.hidden_size)
+        self.down.residual_output = True  # scaled down by arch.init=megatron-scaled
+        self.act = ACTIVATIONS.get_or_explain(config.activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+@FFNS.register("glu")
+class GLU(nn.Module):
+    """Gated linear unit: one projection to ffn_size, split in halves, act(a) * b, back from ffn_size / 2.
+
+    This is Cramming's form: the GLU halves the width and is not rescaled to keep parameters equal.
+    """
+
+    gated = True
+
+    @staticmethod
+    def problem(config) -> str | None:
+        if config.arch.ffn_size % 2:
+            return invalid("arch.ffn_size", config.arch.ffn_size, "must be even for a GLU")
+        return None
+
+    def __init__(self, config):
+        super().__init__()
+        if config.ffn_size % 2:
+            raise ValueError(f"ffn_size {config.ffn_size} is odd: a GLU splits it in halves")
+        self.up = build_linear(config, "ffn", config.hidden_size, config.ffn_size)
+        self.down = build_linear(config, "ffn", config.ffn_size // 2, config.hidden_size)
+        self.down.residual_output = True
+        self.act = ACTIVATIONS.get_or_explain(config.activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.up(x).chunk(2, dim=-1)
+        return self.down(self.act(gate) * value)
+
+
+# ---------------------------------------------------------------- self-attention
+
+
+def autocast_dtype(q, k, v):
+    """q, k, v in the autocast dtype. CUDA autocast runs layer/RMS norms in fp32 (CPU autocast in bf16), so with
+    QK-norm q and k would reach the kernel as fp32 beside a bf16 v: every kernel gets one dtype instead."""
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: one projection to queries, keys and values, softmax(QK^T * scale + bias)V by the
+    kernel impl.attention names (attention.py), and the output projection. Its extension points: the pattern
+    (which keys a query sees, patterns.py), the position scheme's rotation (rotary.py), value embeddings, the KV
+    cache. `index` counts the attention blocks only: the pattern list and arch.rotary.every cycle over those."""
+
+    def __init__(self, config, index: int = 0):
+        super().__init__()
+        if config.hidden_size % config.num_heads:
+            raise ValueError(f"hidden_size {config.hidden_size} is not divisible by num_heads {config.num_heads}")
+        self.num_heads = config.num_heads
+        self.head_dim = config.hidden_size // config.num_heads
+        self.qkv = build_linear(config, "attention", config.hidden_size, 3 * config.hidden_size)
+        self.out = build_linear(config, "attention", config.hidden_size, config.hidden_size)
+        self.out.residual_output = True  # scaled down by arch.init=megatron-scaled
+        # QK-norm (Dehghani et al. 2023): normalise each head's queries and keys, bounding the attention logits.
+        self.q_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = build_norm(config, self.head_dim) if config.qk_norm else nn.Identity()
+        self.dropout = config.attention_dropout
+        self.kernel = ATTENTION_KERNELS.get_or_explain(config.attention_impl)
+        self.config = config  # its _attn_implementation: "eager" (transformers' name) asks for the eager kernel
+        self.pattern = PATTERNS.get_or_explain(config.attention.pattern[index % len(config.attention.pattern)])
+        positions = POSITIONS.get_or_explain(config.position)
+        self.rotary = positions.rotation(config, index)
+        self.value_mix = ValueMix() if index in value_layers(config) else None  # arch.value_embeddings
+        # the static part of every call's spec: a forward adds its context's tensors and dropout
+        self.spec = self.static_spec(config, alibi=positions.alibi,
+                                     scale=parametrization(config).attention_scale(config))  # None: 1/sqrt(head_dim)
+
+    def static_spec(self, config, alibi: bool, scale: float | None) -> AttentionSpec:
+        """Causality, ALiBi, the scale and the pattern's window / stepped / topk (its kernel_args, which
+        set_attention_window re-reads when train.window_schedule changes the window)."""
+        return AttentionSpec(causal=config.causal, alibi=alibi, scale=scale, **self.pattern.kernel_args(config))
+
+    def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
+        """ctx: this forward's context (context.py). With a cache slot, x holds only the tokens after the cached
+        ones, at positions cache.past onwards (with an empty cache, the prompt, the kernel runs as without one).
+        Given positions, rotary turns by them and an absolute pattern (stepped) masks by them."""
+        batch, seq_len, hidden = x.shape
+        qkv = self.qkv(x).view(batch, seq_len, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if ctx.value_embedding is not None:
+            v = self.value_mix(v, ctx.value_embedding)
+        q, k, v = autocast_dtype(q, k, v)
+        spec = self.spec._replace(padding=ctx.padding, bias=ctx.bias, documents=ctx.documents,
+                                  dropout_p=self.dropout if self.training else 0.0)
+        cache = ctx.cache
+        if self.rotary is not None:  # before the keys are cached: the cache keeps them turned
+            q, k = self.rotary(q, k, 0 if cache is None else cache.past, ctx.positions, ctx.shared)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        if (cache is not None and cache.past) or (ctx.positions is not None and self.pattern.absolute):
+            y = attend_at(q, k, v, spec, self.pattern, ctx.positions, ctx.attentions, ctx.shared)
+        elif ctx.attentions is not None:  # output_attentions: the probabilities themselves, whatever the kernel
+            probs = eager_probs(q, k, spec)
+            ctx.attentions.append(probs.to(q.dtype))
+            y = weighted_values(probs, v, spec).to(q.dtype)
+        elif getattr(self.config, "_attn_implementation", None) == "eager":
+            y = eager_attention(q, k, v, spec)
+        else:
+            y = self.kernel(q, k, v, spec)
+        return self.out(y.transpose(1, 2).reshape(batch, seq_len, hidden))
+
+
+def set_attention_window(model, window: int) -> None:
+    """A built model's attention window changed (train.window_schedule, the speedrun's window warm-up): every local
+    or stepped attention block rebuilds its static spec's pattern fields from the config, and the config keeps the
+    new window, so a checkpoint saved afterwards loads with the window the model last trained with. model: a crammed
+    model (the module itself, not a compiled or engine wrapper)."""
+    config = model.config
+    if config.attention.window == window:
+        return
+    config.attention.window = window
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            module.spec = module.spec._replace(**module.pattern.kernel_args(config))
+
+
+# ---------------------------------------------------------------- the block (arch.layout)
+
+
+BLOCKS = Registry("block", traits={
+    "kv_cache": "its forward takes a KV cache slot (kv_cache.py): generation may cache it",
+    "token_subsets": "it may run on a subset of the tokens (arch.token_dropping), given their positions",
+    "takes_value_embedding": "its attention mixes arch.value_embeddings' tables into the values",
+    "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
+    "fixed_length": "it holds arch.max_seq_length-sized weights: no sequences past arch.max_seq_length",
+})
+
+
+def cache_problem(config) -> str | None:
+    """Why a model of these blocks cannot generate with a KV cache, or None. A block kind opts in with
+    `kv_cache = True` (its forward takes `cache`); the others are refused, so generation recomputes the prefix
+    instead of giving a wrong answer. gMLP is refused: its spatial gate mixes positions through a learned
+    (seq x seq) matrix and keeps no keys and values; caching it would mean storing every layer's gate inputs."""
+    kinds = sorted({kind for kind in config.layout if not BLOCKS.trait(BLOCKS.get_or_explain(kind), "kv_cache")})
+    if not kinds:
+        return None
+    return (f"no KV cache for arch.layout={config.layout}: {', '.join(kinds)} blocks keep no keys and values (only "
+            f"{BLOCKS.choices('kv_cache')} blocks do); generation recomputes the prefix at every step")
+
+
+@BLOCKS.register("attention")
+class TransformerBlock(GradientCheckpointingLayer):
+    """Self-attention then the feed-forward block, each with its residual and norm (pre or post, arch.norm_position).
+    A GradientCheckpointingLayer: with gradient checkpointing on (transformers' gradient_checkpointing_enable, or
+    impl.activation_checkpointing), it keeps only its input and runs again in the backward pass."""
+
+    kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
+    token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
+    takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values
+    width_scaled = True  # every weight's fan-in is the width: arch.parametrization=mup covers it
+
+    @staticmethod
+    def problem(config) -> str | None:
+        """The first block's attention norm can be left out of pre-LN blocks only (post-LN norms the sum)."""
+        a = config.arch
+        if not a.first_attention_norm and a.norm_position == "post":
+            return invalid("arch.first_attention_norm", False, "applies to pre-LN blocks only "
+                           "(arch.norm_position=post normalises each residual sum); leave it true")
+        return None
+
+    def __init__(self, config, index: int = 0):
+        super().__init__()
+        self.pre_norm = config.norm_position == "pre"
+        # ModernBERT's first block reads the normalised embeddings as they are (arch.first_attention_norm=false)
+        first_unnormed = self.pre_norm and index == 0 and not config.first_attention_norm
+        self.norm1 = nn.Identity() if first_unnormed else build_norm(config)
+        self.attn = SelfAttention(config, index)
+        self.norm2 = build_norm(config)
+        self.ffn = FFNS.get_or_explain(config.ffn)(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
+        """ctx: this forward's context (context.py), which the attention reads."""
+        if self.pre_norm:
+            x = x + self.dropout(self.attn(self.norm1(x), ctx))
+            return x + self.dropout(self.ffn(self.norm2(x)))
+        x = self.norm1(x + self.dropout(self.attn(x, ctx)))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+BLOCKS.register("gmlp")(GMLPBlock)  # gmlp.py: the spatial gating unit in place of attention
+
+
+# ---------------------------------------------------------------- the model
 
 
 def as_requested(output, return_dict, config):
@@ -68,74 +282,6 @@ def summed_over(loss, targets, num_items_in_batch):
     return loss * (targets != -100).sum() / num_items_in_batch
 
 
-class CrammedPreTrainedModel(PreTrainedModel):
-    config_class = CrammedConfig
-    base_model_prefix = "encoder"
-    _supports_sdpa = True
-    # gradient_checkpointing_enable(): the blocks are GradientCheckpointingLayers (impl.activation_checkpointing too)
-    supports_gradient_checkpointing = True
-    drops_tokens = False  # a head whose training forward drops tokens (arch.token_dropping) says so
-    pipeline_tag = None  # the hub's task for a model pretrained with this head (its model card says it)
-
-    @property
-    def logit_multiplier(self) -> float:
-        """What the LM head multiplies its input by: W (h * this) + b (1 / m under mup, else 1)."""
-        return parametrization(self.config).output_multiplier(self.config)
-
-    @classmethod
-    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
-        """Hugging Face's loader, reading checkpoints saved before a rename too (OLD_KEYS)."""
-        return super().from_pretrained(*args, key_mapping={**OLD_KEYS, **(key_mapping or {})}, **kwargs)
-
-    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
-        """Hugging Face's save, then the registry's own code over the package's re-export of it (registry.py), so
-        the folder loads without cramming. A push goes through push_to_hub, which saves through here again."""
-        hub = {key: kwargs.pop(key) for key in HUB_KEYWORDS if key in kwargs}
-        super().save_pretrained(save_directory, *args, **kwargs)
-        self.copy_model_code(save_directory)
-        copy_into(save_directory)
-        if push_to_hub:
-            repo_id = hub.pop("repo_id", Path(save_directory).name)  # Hugging Face's default: the folder's name
-            return self.push_to_hub(repo_id, token=kwargs.get("token"), **hub)
-        return None
-
-    def copy_model_code(self, folder) -> None:
-        """The file of every module the config's auto_map names, with its relative imports: transformers copies only
-        the saved class's, yet the folder loads as every Auto class it lists (heads.py's too). The files come from
-        beside this one, else (a model whose code transformers copied from a checkpoint folder, for one class only)
-        from the folder it was loaded from."""
-        sources = [Path(__file__).parent]
-        loaded_from = str(getattr(self.config, "_name_or_path", "") or "")
-        if loaded_from and Path(loaded_from).is_dir():
-            sources.append(Path(loaded_from))
-        for module in sorted({name.split(".")[0] for name in (self.config.auto_map or {}).values()}):
-            source = next((s / f"{module}.py" for s in sources if (s / f"{module}.py").is_file()), None)
-            if source is None:
-                continue  # another repository's code ("repo--module"), or none to be had: left as transformers does
-            for path in [source, *get_relative_import_files(str(source))]:
-                if Path(path).resolve() != (Path(folder) / Path(path).name).resolve():
-                    shutil.copyfile(path, Path(folder) / Path(path).name)
-
-    def init_std_for(self, module) -> float:
-        """The std arch.init (and arch.zero_init_out) gives this module's weights (parametrization.py)."""
-        return init_std(self.config, module)
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        # transformers.initialization skips tensors already loaded from a checkpoint.
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            init.normal_(module.weight, mean=0.0, std=self.init_std_for(module))
-            if getattr(module, "bias", None) is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-            if module.weight is not None:
-                init.ones_(module.weight)
-            if getattr(module, "bias", None) is not None:
-                init.zeros_(module.bias)
-        elif hasattr(module, "init_weights_"):  # every module of ours with weights of its own initialises them
-            module.init_weights_(init, self.init_std_for(module))
-
-
 def build_layers(config) -> list[nn.Module]:
     """arch.layout cycled over the layers; each block gets its index among blocks of its kind, so attention
     patterns and arch.rotary.every cycle over the attention blocks."""
@@ -145,6 +291,15 @@ def build_layers(config) -> list[nn.Module]:
         layers.append(BLOCKS.get_or_explain(kind)(config, seen.get(kind, 0)))
         seen[kind] = seen.get(kind, 0) + 1
     return layers
+
+
+def build_stack(config):
+    """How the blocks run when not every block in turn on every token: dropping tokens in the middle layers
+    (token_dropping.py) or as a U-net (unet.py); None: in turn. Validation refuses the two together."""
+    dropping = dropping_layers(config)
+    if dropping is not None:
+        return DroppingStack(dropping, config.token_dropping.cross_first)
+    return UNetStack() if config.unet_skips else None
 
 
 class CrammedModel(CrammedPreTrainedModel):
@@ -164,7 +319,7 @@ class CrammedModel(CrammedPreTrainedModel):
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
         self.unet = UNetSkips(config) if config.unet_skips else None
-        self.stack = build_stack(config)  # how the blocks run: in turn, as a U-net, or dropping tokens (stacks.py)
+        self.stack = build_stack(config)  # how the blocks run: None in turn; a U-net, or dropping tokens
         self._register_load_state_dict_pre_hook(current_keys)
         self.post_init()
 
@@ -183,7 +338,7 @@ class CrammedModel(CrammedPreTrainedModel):
         the eager formula for that forward; return_dict=False: a tuple (all three default to the config's).
         cache (transformers' Cache; past_key_values, its older name): input_ids are then the tokens after the `past`
         cached ones, at positions past onwards, and attention_mask covers the cached ones too.
-        keep: the (batch, k) positions the token-dropping layers update (stacks.DroppingStack); None: every layer sees
+        keep: the (batch, k) positions the token-dropping layers update (token_dropping.DroppingStack); None: every layer sees
         every token.
         position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
         counts). Generation passes them derived from the mask (context.position_ids_from_mask), so a left-padded
@@ -204,8 +359,23 @@ class CrammedModel(CrammedPreTrainedModel):
         x = self.embed(input_ids, past, where, inputs_embeds)
         ctx = self.context(x, attention_mask, where, document_ids, cache, output_hidden_states, output_attentions)
         at = self.layer_contexts(ctx, input_ids, cache, seq_len, past)
-        x = self.final_norm(self.stack(self, x, ctx, at, keep))  # the stack chosen at build: plain, U-net, dropping
+        x = self.final_norm(self.blocks(x, ctx, at, keep))
         return as_requested(self.outputs(x, ctx), return_dict, self.config)
+
+    def blocks(self, x, ctx: Context, at, keep=None) -> torch.Tensor:
+        """The blocks on the embedded tokens x: in turn, or as the stack chosen at build runs them
+        (`stack(model, x, ctx, at, keep)`: a U-net, or token dropping given keep). at(i, base=ctx) is block i's
+        context built on base (layer_contexts)."""
+        if self.stack is not None:
+            return self.stack(self, x, ctx, at, keep)
+        return self.run_blocks(x, range(len(self.layers)), at)
+
+    def run_blocks(self, x, layers: range, at) -> torch.Tensor:
+        """The blocks `layers` in turn, on every token, each output recorded when hidden states were asked for."""
+        for i in layers:
+            ctx = at(i)
+            x = ctx.record(self.layers[i](x, ctx))
+        return x
 
     def context(self, x, attention_mask, where, documents, cache, output_hidden_states, output_attentions) -> Context:
         """What this forward tells every block (context.py): padding, positions, documents, and the lists that
@@ -266,7 +436,7 @@ class CrammedModel(CrammedPreTrainedModel):
         return document_positions(document_ids) if position_ids is None else position_ids
 
     def cache_length(self, cache, attention_mask, seq_len: int) -> int:
-        """How many tokens the cache holds, after checking that these blocks can use one (block.cache_problem)."""
+        """How many tokens the cache holds, after checking that these blocks can use one (cache_problem)."""
         if (problem := cache_problem(self.config)) is not None:
             raise ValueError(problem)
         past = cache.get_seq_length()
@@ -298,7 +468,7 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
                              "causal: it has no masked-LM head; load it with AutoModelForCausalLM")
         super().__init__(config)
         self.encoder = CrammedModel(config)
-        # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (stacks.py)
+        # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (token_dropping.py)
         self.token_importance = TokenImportance(config) if dropping_layers(config) is not None else None
         if config.head_transform:  # the original BERT head: dense -> act -> norm before the decoder
             self.transform = nn.Sequential(
@@ -357,7 +527,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
     `generate` keeps a KV cache (transformers' DynamicCache): the prompt runs once, then each step feeds only the
     new token, which attends to the cached keys and values at its absolute position (kv_cache.py); the tokens are
     those of the uncached path (`use_cache=False`), which recomputes the whole prefix at each step. Models whose
-    blocks keep no keys and values (gMLP, block.cache_problem) always take the uncached path. A left-padded batch
+    blocks keep no keys and values (gMLP, cache_problem) always take the uncached path. A left-padded batch
     generates what each prompt would alone: positions count only the real tokens (prepare_inputs_for_generation).
     """
 
@@ -401,7 +571,7 @@ class CrammedForCausalLM(CrammedPreTrainedModel, GenerationMixin):
 
     def cache_to_use(self, cache, use_cache):
         """The cache this forward fills: the given one, a new DynamicCache for use_cache=True, or None. Blocks that
-        refuse a cache (block.cache_problem) get None for the empty one generate passes; a filled one is an error."""
+        refuse a cache (cache_problem) get None for the empty one generate passes; a filled one is an error."""
         if use_cache is False or (cache is None and not use_cache):
             return None
         if (problem := cache_problem(self.config)) is not None:

@@ -110,7 +110,7 @@ def hidden_weights(model) -> list:
 
 # ---------------------------------------------------------------- weight initialisations
 # Weight initialisations by name (`arch.init`): the std of the normal each linear or embedding weight is drawn
-# from. A residual branch's output projection is marked `residual_output` (attention.py, ffn.py, block.py).
+# from. A residual branch's output projection is marked `residual_output` (modeling_crammed.py, gmlp.py).
 #
 # A scheme reads the width it is given, never config.hidden_size: arch.parametrization decides which width that is
 # (parametrization.py: init_width). Under mup it is the base width, and muP's own 1 / sqrt(m) on the hidden matrices

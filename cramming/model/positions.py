@@ -18,7 +18,7 @@ POSITIONS = Registry("position", traits={
     # its positions travel with the tokens, so layers may see a subset of them (arch.token_dropping): a table added
     # at the embedding, or rotary turned by each kept token's own position; not a bias over (seq x seq) distances
     "token_subsets": "its positions travel with the tokens: layers may see a subset of them (arch.token_dropping)",
-    "alibi": "the attention kernels add ALiBi's distance bias themselves (masks.py)",
+    "alibi": "the attention kernels add ALiBi's distance bias themselves (attention_masks.py)",
     "learned_table": "its table is trained weights of arch.max_seq_length rows: a fine-tuning cannot make it longer",
 })
 
@@ -91,7 +91,7 @@ class PositionScheme:
     """What every scheme answers; each hook returns None (or False) when the scheme does not use it."""
 
     table = None  # the nn.Module class of a table added to the token embeddings (max_seq_length rows)
-    alibi = False  # the attention kernels add ALiBi's distance bias themselves (masks.py)
+    alibi = False  # the attention kernels add ALiBi's distance bias themselves (attention_masks.py)
     kernel_arg = None  # the attention kernels' argument this scheme needs (attention.FEATURES): alibi, bias
     token_subsets = False  # a trait (POSITIONS' traits): each scheme whose positions travel with the tokens says so
 

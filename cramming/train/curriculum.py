@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..model.block import BLOCKS
+from ..model.modeling_crammed import BLOCKS
 from ..model.patterns import PATTERNS
 from ..model.positions import POSITIONS
 from ..registry import invalid, listed

@@ -6,9 +6,10 @@ file (`FLOPS[MyBlock] = lambda block, seq_len: ...`). 2 FLOPs per multiply-add t
 
 from torch import nn
 
-from ..model.block import GMLPBlock, TransformerBlock
+from ..model.gmlp import GMLPBlock
 from ..model.linear import BTTMoE, Kronecker, LinearMethods
-from ..model.stacks import kept_count, kept_only_layers
+from ..model.modeling_crammed import TransformerBlock
+from ..model.token_dropping import kept_count, kept_only_layers
 
 
 def weights_once(layer, seq_len: int = 0) -> int:

@@ -14,7 +14,7 @@ from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametriz
 from ..registry import Registry, invalid, own_problem
 from .lion import Lion
 
-OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: run_problem(entry, config), traits={
+OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: chosen_optimizer_problem(entry, config), traits={
     "normalised_updates": "each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam table holds",
     "whole_matrices": "the update reads whole matrices, as Muon's orthogonalisation: no sharded optimizer state",
     "adamw": "it is AdamW, for which DeepSpeed's 1-bit Adam (impl.deepspeed.onebit_adam) can stand in",
@@ -34,7 +34,7 @@ def optimizer_problem(name: str) -> str | None:
     return None
 
 
-def run_problem(entry, config) -> str | None:
+def chosen_optimizer_problem(entry, config) -> str | None:
     """What the chosen optimizer refuses in a run config: its own problem, then arch.parametrization's."""
     return own_problem(entry, config) or parametrization_problem(entry, config)
 

@@ -22,7 +22,7 @@ from ..model.patterns import PATTERNS
 from ..registry import Registry, invalid
 from .curriculum import sequence_length, stage_factors
 
-SCHEDULES = Registry("schedule", ask=lambda entry, config: run_problem(entry, config))
+SCHEDULES = Registry("schedule", ask=lambda entry, config: chosen_schedule_problem(entry, config))
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
 
 
@@ -120,7 +120,7 @@ def constant(progress: float, warmup: float, cooldown: float) -> float:
     return 1.0
 
 
-def run_problem(entry, config) -> str | None:
+def chosen_schedule_problem(entry, config) -> str | None:
     """What the chosen schedule refuses in a run config (asked by config validation)."""
     t = config.train
     return entry.problem(t.warmup, t.cooldown, t.max_steps)

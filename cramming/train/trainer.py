@@ -22,7 +22,7 @@ from tqdm import tqdm
 from ..config import TrainConfig
 from ..engines import ENGINES, Engine
 from ..errors import RunStopped
-from ..model.attention import set_attention_window
+from ..model.modeling_crammed import set_attention_window
 from .checkpointing import Checkpointer, load_weights
 from .curriculum import factor_at, regroup, sequence_length, stage_factors
 from .hooks import Hook

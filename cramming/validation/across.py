@@ -8,13 +8,12 @@ from ..data.local_text import encoding_problem
 from ..data.share import prepared_problem
 from ..engines import ENGINES, settings_problem
 from ..impl import COMPILE_MODES, compile_problem
-from ..model.block import BLOCKS
-from ..model.ffn import FFNS
 from ..model.linear import LINEARS, linear_problem
+from ..model.modeling_crammed import BLOCKS, FFNS
 from ..model.parametrization import PARAMETRIZATIONS
 from ..model.patterns import PATTERNS
 from ..model.positions import POSITIONS
-from ..model.stacks import split
+from ..model.token_dropping import split
 from ..registry import invalid
 from ..train.curriculum import block_rows, seq_schedule_problem, stage_factors
 from ..train.fp8 import fp8_problem
@@ -212,7 +211,7 @@ def engine_optimizer_problem(c) -> str | None:
     return None
 
 
-def run_problem(config, engine, runtime) -> str | None:
+def engine_problem(config, engine, runtime) -> str | None:
     """Once the engine and the runtime are known: a policy that goes on past a non-finite step needs the engine to
     check every gradient (nonfinite_checked)."""
     policy = config.train.nonfinite

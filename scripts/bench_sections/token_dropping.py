@@ -52,7 +52,7 @@ def run(args, device) -> dict:
     sides = {"dropping": build(KEEP, seq, vocab, device, args.smoke), "full": build("null", seq, vocab, device,
                                                                                       args.smoke)}
     predicted = sides["full"]["flops"] / sides["dropping"]["flops"]
-    from cramming.model.stacks import dropping_layers, kept_only_layers
+    from cramming.model.token_dropping import dropping_layers, kept_only_layers
 
     arch = sides["dropping"]["config"].arch
     layers, dropping, kept_only = arch.num_layers, dropping_layers(arch), kept_only_layers(arch)

@@ -1,85 +1,22 @@
-"""The blocks a model is stacked from, by name (`arch.layout`, cycled over the layers): the transformer block
-(attention then feed-forward, each a residual branch, normalised pre or post) and the gMLP block."""
+"""The gMLP block (Liu et al. 2021, "Pay Attention to MLPs"), `arch.layout=[gmlp]`: a drop-in for the transformer
+block (modeling_crammed.py registers it in BLOCKS).
+
+Channels go up to ffn_size and split in two halves u and v; v is normalised and mixed across positions by a
+learned (seq x seq) matrix, the spatial gating unit; u * v goes back down to the hidden size. With
+`arch.gmlp.attn_dim` > 0 a tiny single-head attention of that width is added to the gate (aMLP). Causal models
+use the lower triangle of the spatial matrix only."""
 
 import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import ATTENTION_KERNELS, SelfAttention
+from .activations import ACTIVATIONS
+from .attention import ATTENTION_KERNELS
+from .attention_masks import AttentionSpec, same_document
 from .context import PLAIN, Context
-from .ffn import ACTIVATIONS, FFNS, build_norm
 from .linear import build_linear
-from .masks import AttentionSpec, same_document
-from .registry import Registry, invalid
-
-BLOCKS = Registry("block", traits={
-    "kv_cache": "its forward takes a KV cache slot (kv_cache.py): generation may cache it",
-    "token_subsets": "it may run on a subset of the tokens (arch.token_dropping), given their positions",
-    "takes_value_embedding": "its attention mixes arch.value_embeddings' tables into the values",
-    "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
-    "fixed_length": "it holds arch.max_seq_length-sized weights: no sequences past arch.max_seq_length",
-})
-
-
-def cache_problem(config) -> str | None:
-    """Why a model of these blocks cannot generate with a KV cache, or None. A block kind opts in with
-    `kv_cache = True` (its forward takes `cache`); the others are refused, so generation recomputes the prefix
-    instead of giving a wrong answer. gMLP is refused: its spatial gate mixes positions through a learned
-    (seq x seq) matrix and keeps no keys and values; caching it would mean storing every layer's gate inputs."""
-    kinds = sorted({kind for kind in config.layout if not BLOCKS.trait(BLOCKS.get_or_explain(kind), "kv_cache")})
-    if not kinds:
-        return None
-    return (f"no KV cache for arch.layout={config.layout}: {', '.join(kinds)} blocks keep no keys and values (only "
-            f"{BLOCKS.choices('kv_cache')} blocks do); generation recomputes the prefix at every step")
-
-
-@BLOCKS.register("attention")
-class TransformerBlock(GradientCheckpointingLayer):
-    """Self-attention then the feed-forward block, each with its residual and norm (pre or post, arch.norm_position).
-    A GradientCheckpointingLayer: with gradient checkpointing on (transformers' gradient_checkpointing_enable, or
-    impl.activation_checkpointing), it keeps only its input and runs again in the backward pass."""
-
-    kv_cache = True  # its forward takes a LayerCache (kv_cache.py)
-    token_subsets = True  # it may run on a subset of the tokens (arch.token_dropping), given their positions
-    takes_value_embedding = True  # its attention mixes arch.value_embeddings' tables into the values
-    width_scaled = True  # every weight's fan-in is the width: arch.parametrization=mup covers it
-
-    @staticmethod
-    def problem(config) -> str | None:
-        """The first block's attention norm can be left out of pre-LN blocks only (post-LN norms the sum)."""
-        a = config.arch
-        if not a.first_attention_norm and a.norm_position == "post":
-            return invalid("arch.first_attention_norm", False, "applies to pre-LN blocks only "
-                           "(arch.norm_position=post normalises each residual sum); leave it true")
-        return None
-
-    def __init__(self, config, index: int = 0):
-        super().__init__()
-        self.pre_norm = config.norm_position == "pre"
-        # ModernBERT's first block reads the normalised embeddings as they are (arch.first_attention_norm=false)
-        first_unnormed = self.pre_norm and index == 0 and not config.first_attention_norm
-        self.norm1 = nn.Identity() if first_unnormed else build_norm(config)
-        self.attn = SelfAttention(config, index)
-        self.norm2 = build_norm(config)
-        self.ffn = FFNS.get_or_explain(config.ffn)(config)
-        self.dropout = nn.Dropout(config.hidden_dropout)
-
-    def forward(self, x: torch.Tensor, ctx: Context = PLAIN) -> torch.Tensor:
-        """ctx: this forward's context (context.py), which the attention reads."""
-        if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), ctx))
-            return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, ctx)))
-        return self.norm2(x + self.dropout(self.ffn(x)))
-
-
-# ---------------------------------------------------------------- the gMLP block
-# The gMLP block (Liu et al. 2021, "Pay Attention to MLPs"), a drop-in for a transformer block in `arch.layout`.
-#
-# Channels go up to ffn_size and split in two halves u and v; v is normalised and mixed across positions by a
-# learned (seq x seq) matrix, the spatial gating unit; u * v goes back down to the hidden size. With
-# `arch.gmlp.attn_dim` > 0 a tiny single-head attention of that width is added to the gate (aMLP). Causal models
-# use the lower triangle of the spatial matrix only.
+from .norms import build_norm
+from .registry import invalid
 
 
 class TinyAttention(nn.Module):
@@ -99,7 +36,6 @@ class TinyAttention(nn.Module):
         return self.out(y.squeeze(1))
 
 
-@BLOCKS.register("gmlp")
 class GMLPBlock(GradientCheckpointingLayer):
     """gMLP: a spatial gating unit mixes the tokens through a learned sequence-by-sequence matrix instead of
     attention (with arch.gmlp.attn_dim, aMLP: plus a tiny single-head attention)."""

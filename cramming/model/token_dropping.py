@@ -1,13 +1,6 @@
-"""How the encoder runs its blocks, chosen once when the model is built (`build_stack`): every block in turn on
-every token (Stack), the GPT speedrun's U-net whose mirrored halves are joined by skips (UNetStack, `arch.unet_skips`),
-or token dropping, whose middle layers see only the kept tokens (DroppingStack, `arch.token_dropping`).
-
-A stack holds only the structure; the blocks and the skips' weights stay the model's modules (`model.layers`,
-`model.unet`), so checkpoints keep their tensor names and an engine that wraps a block in place is seen here.
-`stack(model, x, ctx, at, keep)`: x the embedded tokens, ctx the forward's context (context.py), at(i, base=ctx)
-block i's context built on base, keep the (batch, k) kept positions of a token-dropping training forward (None
-otherwise: every block sees every token).
-"""
+"""Token dropping (Hou et al., "Token Dropping for Efficient BERT Pretraining", ACL 2022), `arch.token_dropping`:
+which layers see only the kept tokens (DroppingStack, the order the blocks run in), and which tokens are kept
+(TokenImportance, the per-id running MLM loss that CrammedForMaskedLM asks)."""
 
 import math
 
@@ -15,103 +8,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
-def recorded(x, ctx):
-    """output_hidden_states: a block's output kept (ctx.hidden_states, a list, when asked for)."""
-    if ctx.hidden_states is not None:
-        ctx.hidden_states.append(x)
-    return x
-
-
-class Stack:
-    """Every block in turn, on every token."""
-
-    def __call__(self, model, x, ctx, at, keep=None):
-        return self.run(model, x, range(len(model.layers)), at)
-
-    def run(self, model, x, layers: range, at):
-        for i in layers:
-            ctx = at(i)
-            x = recorded(model.layers[i](x, ctx), ctx)
-        return x
-
-
-class UNetStack(Stack):
-    """The first half's outputs enter the mirrored blocks of the second half (below weighs them)."""
-
-    def run(self, model, x, layers: range, at):
-        outputs = []
-        for i in layers:
-            ctx = at(i)
-            x = recorded(model.layers[i](model.unet(i, x, outputs), ctx), ctx)
-            outputs.append(x)
-        return x
-
-
-class DroppingStack(Stack):
-    """Token dropping's layers [first, last) update only the kept tokens; the dropped ones wait as they are and
-    rejoin after them (below). With cross_first the first of them reads every token as keys and values,
-    and only the kept queries' rows go on (the reference's cross-attention). A forward without `keep` (validation,
-    fine-tuning, inference) runs every block on every token."""
-
-    def __init__(self, dropping: range, cross_first: bool):
-        self.dropping, self.cross_first = dropping, cross_first
-
-    def __call__(self, model, x, ctx, at, keep=None):
-        if keep is None:
-            return super().__call__(model, x, ctx, at)
-        first, last = self.dropping.start, self.dropping.stop
-        x = self.run(model, x, range(first), at)
-        kept = ctx.kept(keep, x.shape[1])  # the context of the kept tokens alone
-        if self.cross_first:
-            y = gather_tokens(model.layers[first](x, at(first)), keep)
-        else:
-            y = model.layers[first](gather_tokens(x, keep), at(first, kept))
-        record = ctx.hidden_states is not None  # the dropped tokens as they wait, the kept ones updated
-        if record:
-            recorded(scatter_tokens(x, keep, y), ctx)
-        for i in self.dropping[1:]:
-            y = model.layers[i](y, at(i, kept))
-            if record:
-                recorded(scatter_tokens(x, keep, y), ctx)
-        x = scatter_tokens(x, keep, y)
-        return self.run(model, x, range(last, len(model.layers)), at)
-
-
-def build_stack(config) -> Stack:
-    """The stack arch's options ask for; validation refuses U-net skips with token dropping (below)."""
-    dropping = dropping_layers(config)
-    if dropping is not None:
-        return DroppingStack(dropping, config.token_dropping.cross_first)
-    return UNetStack() if config.unet_skips else Stack()
-
-
-# ---------------------------------------------------------------- U-net skips
-# U-net skip connections (the GPT speedrun): the outputs of the first half's blocks are kept and added, each with
-# a learned scalar weight (starting at 1), to the inputs of the mirrored blocks of the second half: block i's output
-# enters block num_layers - 1 - i. Early features reach the late blocks without passing through the middle ones.
-
-
-class UNetSkips(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.num_layers = config.num_layers
-        self.weights = nn.Parameter(torch.ones(config.num_layers // 2))
-
-    def init_weights_(self, init, std: float) -> None:
-        init.ones_(self.weights)
-
-    def forward(self, index: int, x: torch.Tensor, outputs: list[torch.Tensor]) -> torch.Tensor:
-        """The input of block `index`, given the outputs of the blocks before it."""
-        receiver = index - (self.num_layers - len(self.weights))  # its place among the second half's receivers
-        if receiver < 0:
-            return x
-        return x + self.weights[receiver].to(x.dtype) * outputs[self.num_layers - 1 - index]
-
-
-# ---------------------------------------------------------------- token dropping
-# Token dropping (Hou et al., "Token Dropping for Efficient BERT Pretraining", ACL 2022), `arch.token_dropping`.
-#
 # The layout is the TF reference's (tensorflow/models, official/projects/token_dropping/encoder.py), whose encoder
 # says: "For a 12-layer BERT: 1. All tokens fist go though 5 transformer layers, then 2. Only important tokens go
 # through 1 transformer layer with cross attention to unimportant tokens, then 3. Only important tokens go through 5
@@ -138,6 +34,37 @@ class UNetSkips(nn.Module):
 # Only CrammedForMaskedLM drops, and only in training mode with labels: validation, fine-tuning and inference
 # always run the whole sequence. Unlike the reference, ids seen more than once in a forward move by the mean of their
 # losses (the reference's scatter keeps an arbitrary one), and [UNK] is an ordinary id (the reference keeps it).
+
+
+class DroppingStack:
+    """Token dropping's layers [first, last) update only the kept tokens; the dropped ones wait as they are and
+    rejoin after them (above). With cross_first the first of them reads every token as keys and values,
+    and only the kept queries' rows go on (the reference's cross-attention). A forward without `keep` (validation,
+    fine-tuning, inference) runs every block on every token. `stack(model, x, ctx, at, keep)`:
+    modeling_crammed.CrammedModel.blocks' arguments."""
+
+    def __init__(self, dropping: range, cross_first: bool):
+        self.dropping, self.cross_first = dropping, cross_first
+
+    def __call__(self, model, x, ctx, at, keep=None):
+        if keep is None:
+            return model.run_blocks(x, range(len(model.layers)), at)
+        first, last = self.dropping.start, self.dropping.stop
+        x = model.run_blocks(x, range(first), at)
+        kept = ctx.kept(keep, x.shape[1])  # the context of the kept tokens alone
+        if self.cross_first:
+            y = gather_tokens(model.layers[first](x, at(first)), keep)
+        else:
+            y = model.layers[first](gather_tokens(x, keep), at(first, kept))
+        record = ctx.hidden_states is not None  # the dropped tokens as they wait, the kept ones updated
+        if record:
+            ctx.record(scatter_tokens(x, keep, y))
+        for i in self.dropping[1:]:
+            y = model.layers[i](y, at(i, kept))
+            if record:
+                ctx.record(scatter_tokens(x, keep, y))
+        x = scatter_tokens(x, keep, y)
+        return model.run_blocks(x, range(last, len(model.layers)), at)
 
 
 def split(config) -> tuple[int, int]:

@@ -1,0 +1,89 @@
+"""What every crammed model shares as a Hugging Face PreTrainedModel: its config class, loading checkpoints saved
+under older names, saving its own code beside the weights (so the folder loads without cramming), the weights'
+init, and the outputs shaped as transformers gives them. The model itself is modeling_crammed.py.
+Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
+"""
+
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.dynamic_module_utils import get_relative_import_files
+
+from .configuration_crammed import OLD_KEYS, CrammedConfig
+from .parametrization import init_std, parametrization
+from .registry import copy_into
+
+# save_pretrained(push_to_hub=True, ...)'s keywords that only the push reads.
+HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
+
+
+class CrammedPreTrainedModel(PreTrainedModel):
+    config_class = CrammedConfig
+    base_model_prefix = "encoder"
+    _supports_sdpa = True
+    # gradient_checkpointing_enable(): the blocks are GradientCheckpointingLayers (impl.activation_checkpointing too)
+    supports_gradient_checkpointing = True
+    drops_tokens = False  # a head whose training forward drops tokens (arch.token_dropping) says so
+    pipeline_tag = None  # the hub's task for a model pretrained with this head (its model card says it)
+
+    @property
+    def logit_multiplier(self) -> float:
+        """What the LM head multiplies its input by: W (h * this) + b (1 / m under mup, else 1)."""
+        return parametrization(self.config).output_multiplier(self.config)
+
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict | None = None, **kwargs):
+        """Hugging Face's loader, reading checkpoints saved before a rename too (OLD_KEYS)."""
+        return super().from_pretrained(*args, key_mapping={**OLD_KEYS, **(key_mapping or {})}, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
+        """Hugging Face's save, then the registry's own code over the package's re-export of it (registry.py), so
+        the folder loads without cramming. A push goes through push_to_hub, which saves through here again."""
+        hub = {key: kwargs.pop(key) for key in HUB_KEYWORDS if key in kwargs}
+        super().save_pretrained(save_directory, *args, **kwargs)
+        self.copy_model_code(save_directory)
+        copy_into(save_directory)
+        if push_to_hub:
+            repo_id = hub.pop("repo_id", Path(save_directory).name)  # Hugging Face's default: the folder's name
+            return self.push_to_hub(repo_id, token=kwargs.get("token"), **hub)
+        return None
+
+    def copy_model_code(self, folder) -> None:
+        """The file of every module the config's auto_map names, with its relative imports: transformers copies only
+        the saved class's, yet the folder loads as every Auto class it lists (heads.py's too). The files come from
+        beside this one, else (a model whose code transformers copied from a checkpoint folder, for one class only)
+        from the folder it was loaded from."""
+        sources = [Path(__file__).parent]
+        loaded_from = str(getattr(self.config, "_name_or_path", "") or "")
+        if loaded_from and Path(loaded_from).is_dir():
+            sources.append(Path(loaded_from))
+        for module in sorted({name.split(".")[0] for name in (self.config.auto_map or {}).values()}):
+            source = next((s / f"{module}.py" for s in sources if (s / f"{module}.py").is_file()), None)
+            if source is None:
+                continue  # another repository's code ("repo--module"), or none to be had: left as transformers does
+            for path in [source, *get_relative_import_files(str(source))]:
+                if Path(path).resolve() != (Path(folder) / Path(path).name).resolve():
+                    shutil.copyfile(path, Path(folder) / Path(path).name)
+
+    def init_std_for(self, module) -> float:
+        """The std arch.init (and arch.zero_init_out) gives this module's weights (parametrization.py)."""
+        return init_std(self.config, module)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # transformers.initialization skips tensors already loaded from a checkpoint.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=self.init_std_for(module))
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if module.weight is not None:
+                init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif hasattr(module, "init_weights_"):  # every module of ours with weights of its own initialises them
+            module.init_weights_(init, self.init_std_for(module))
