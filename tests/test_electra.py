@@ -10,7 +10,7 @@ from test_resume import NAN_RUN, TINY, config_for, sigterm_at, whole_and_resumed
 
 from cramming import pretraining
 from cramming.model import CrammedConfig
-from cramming.model.heads import CrammedForReplacedTokenDetection, generator_config
+from cramming.model.electra import CrammedForReplacedTokenDetection, generator_config
 from cramming.train.flops import block_flops, forward_flops_per_token
 from cramming.train.objectives import OBJECTIVES, build_objective
 
@@ -239,7 +239,7 @@ def test_a_checkpoint_fine_tunes_the_discriminator(tmp_path):
     assert any(name.startswith("generator.") for name in weights)
     import json
     assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModelForPreTraining"] == \
-        "heads.CrammedForReplacedTokenDetection"
+        "electra.CrammedForReplacedTokenDetection"
     with pytest.raises(ValueError, match="objective 'mlm', not rtd"):
         CrammedForReplacedTokenDetection(CrammedConfig(objective="mlm"))
 

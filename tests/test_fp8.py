@@ -18,7 +18,8 @@ from cramming.engines import Engine
 from cramming.errors import UserError
 from cramming.impl import Runtime, resolve
 from cramming.model import CrammedConfig
-from cramming.model.heads import CrammedForReplacedTokenDetection, CrammedForSequenceClassification
+from cramming.model.electra import CrammedForReplacedTokenDetection
+from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.run import build_model, place
 from cramming.train.fp8 import convert_to_fp8, converts, torchao_problem

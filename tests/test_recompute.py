@@ -8,7 +8,7 @@ from test_resume import TINY, config_for
 from cramming.engines import Engine
 from cramming.impl import Runtime
 from cramming.model import CrammedConfig
-from cramming.model.heads import CrammedForReplacedTokenDetection
+from cramming.model.electra import CrammedForReplacedTokenDetection
 from cramming.model.modeling_crammed import CrammedForMaskedLM
 from cramming.run import build_model, place
 from cramming.train.recompute import recompute_blocks

@@ -19,7 +19,7 @@ AUTO_MAP = {
 }
 CLASSES = {"CrammedConfig": ".configuration_crammed", "CrammedModel": ".modeling_crammed",
            "CrammedForMaskedLM": ".modeling_crammed", "CrammedForCausalLM": ".modeling_crammed",
-           "CrammedForSequenceClassification": ".heads", "CrammedForReplacedTokenDetection": ".heads",
+           "CrammedForSequenceClassification": ".heads", "CrammedForReplacedTokenDetection": ".electra",
            "CrammedForTokenClassification": ".heads", "CrammedForQuestionAnswering": ".heads",
            "CrammedForMultipleChoice": ".heads"}
 

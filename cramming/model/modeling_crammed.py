@@ -8,7 +8,7 @@ attention kernel and pattern (attention.py, patterns.py), the position scheme (p
 layers (linear.py), the activation and norm (activations.py, norms.py), the block kind (gmlp.py, registered below),
 the stack (unet.py, token_dropping.py), value embeddings and arch.parametrization. What every model shares as a
 PreTrainedModel (saving, loading, init) is pretrained.py; the fine-tuning heads (GLUE's classifier and the others)
-are heads.py. Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
+are heads.py, ELECTRA's pretraining head electra.py. Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
 import warnings

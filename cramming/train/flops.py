@@ -78,7 +78,7 @@ def forward_flops_per_token(model, seq_len: int, predicted_share: float = 1.0) -
     head on the share of tokens it sees (the sparse MLM head: only the masked ones). With arch.token_dropping the
     layers that see only the kept tokens count at k: k / seq_len of the tokens, each attending to k keys; the first
     dropping layer with cross_first counts whole (it runs whole; its dropped rows are discarded). Training is ~3x
-    this. objective=rtd (model/heads.py): the detector on every token instead of a vocabulary head, plus the whole
+    this. objective=rtd (model/electra.py): the detector on every token instead of a vocabulary head, plus the whole
     generator (with its embedding projection and its head's transform back to the shared embeddings' width,
     arch.rtd.tie_embeddings)."""
     c = model.config

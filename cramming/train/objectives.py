@@ -9,7 +9,7 @@ from typing import Protocol
 import torch
 
 from ..data.tokenizer import word_starts
-from ..model.heads import CrammedForReplacedTokenDetection
+from ..model.electra import CrammedForReplacedTokenDetection
 from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
 from ..model.parametrization import PARAMETRIZATIONS
 from ..registry import Registry, invalid
@@ -90,7 +90,7 @@ class CausalLM:
 @OBJECTIVES.register("rtd")
 @dataclass
 class ReplacedTokenDetection(MaskedLM):
-    """ELECTRA (model/heads.py): MLM's masks for the generator, and one uniform per position for sampling its
+    """ELECTRA (model/electra.py): MLM's masks for the generator, and one uniform per position for sampling its
     replacements, drawn after the masks from the same positional generator. Validation scores the discriminator:
     val_accuracy is the share of tokens it classifies right (replaced or original); val_loss is the training loss
     (generator MLM loss + arch.rtd.weight x detection loss)."""
