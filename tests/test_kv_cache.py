@@ -189,8 +189,8 @@ def test_a_cache_that_drops_keys_or_a_short_mask_is_refused():
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_each_patterns_mask_at_absolute_positions_is_the_kernels_mask(name, causal):
-    """visible(query positions, key positions) over a whole sequence is attention_masks.visible_keys, and its rows for the
-    last queries are the same rows: the kernels' definition, which a cached step must follow."""
+    """visible(query positions, key positions) over a whole sequence is attention_masks.visible_keys, and its rows for
+    the last queries are the same rows: the kernels' definition, which a cached step must follow."""
     pattern, seq = PATTERNS[name], 12
     args = pattern.kernel_args(CrammedConfig(attention_window=4, attention_topk=3))
     args = {k: v for k, v in args.items() if k in ("window", "stepped")}

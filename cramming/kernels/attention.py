@@ -174,8 +174,8 @@ def triton_fit_problem(arch, device=None, dtype=None) -> str | None:
 
 def flash_attention(q, k, v, spec: AttentionSpec = AttentionSpec(), return_lse=False):
     """softmax(q k^T * scale + alibi, masked) v for (batch, heads, seq, head_dim) q, k, v of one dtype (fp16,
-    bf16 or fp32; any strides). Masks, ALiBi and scale come from `spec` (attention_masks.py). Returns a (batch, heads, seq,
-    head_dim) view of a (batch, seq, heads, head_dim) tensor, and with return_lse also the fp32 (batch, heads,
+    bf16 or fp32; any strides). Masks, ALiBi and scale come from `spec` (attention_masks.py). Returns a (batch, heads,
+    seq, head_dim) view of a (batch, seq, heads, head_dim) tensor, and with return_lse also the fp32 (batch, heads,
     seq) natural-log log-sum-exp of the scores (-inf for a query that sees no key)."""
     if spec.stepped is not None or spec.topk is not None or spec.bias is not None:
         raise ValueError("the Triton attention kernel implements global and local attention with padding, causal "

@@ -160,8 +160,9 @@ class ArchConfig:
     # The options naming registered components, asked in this order (position after the blocks and the patterns:
     # their messages say more). Module paths are relative to the cramming package, so this file imports nothing.
     REGISTRIES: ClassVar[dict] = {
-        "ffn": "model.modeling_crammed:FFNS", "activation": "model.activations:ACTIVATIONS", "norm": "model.norms:NORMS",
-        "init": "model.parametrization:INITS", "linear": "model.linear:LINEARS", "layout": "model.modeling_crammed:BLOCKS",
+        "ffn": "model.modeling_crammed:FFNS", "activation": "model.activations:ACTIVATIONS",
+        "norm": "model.norms:NORMS", "init": "model.parametrization:INITS", "linear": "model.linear:LINEARS",
+        "layout": "model.modeling_crammed:BLOCKS",
         "objective": "train.objectives:OBJECTIVES", "position": "model.positions:POSITIONS",
         "parametrization": "model.parametrization:PARAMETRIZATIONS",
     }

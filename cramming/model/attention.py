@@ -1,7 +1,7 @@
 """The attention kernels by name (`impl.attention`), and the path of queries whose mask needs their positions (a KV
 cache's step). The kernel computes softmax(QK^T * scale + bias)V for modeling_crammed.SelfAttention: every kernel is
-`fn(q, k, v, spec)`, spec a attention_masks.AttentionSpec (its fields' meaning: attention_masks.py),
-and must give the same numbers, or refuse what it cannot do. The spec's `scale` is None for the usual 1/sqrt(d), or
+`fn(q, k, v, spec)`, spec an attention_masks.AttentionSpec (its fields' meaning: attention_masks.py), and must give
+the same numbers, or refuse what it cannot do. The spec's `scale` is None for the usual 1/sqrt(d), or
 the one arch.parametrization sets (parametrization.py: muP's 1/d).
 """
 

@@ -8,7 +8,8 @@ attention kernel and pattern (attention.py, patterns.py), the position scheme (p
 layers (linear.py), the activation and norm (activations.py, norms.py), the block kind (gmlp.py, registered below),
 the stack (unet.py, token_dropping.py), value embeddings and arch.parametrization. What every model shares as a
 PreTrainedModel (saving, loading, init) is pretrained.py; the fine-tuning heads (GLUE's classifier and the others)
-are heads.py, ELECTRA's pretraining head electra.py. Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
+are heads.py, ELECTRA's pretraining head electra.py. Only relative imports: Hugging Face copies this folder flat
+for `trust_remote_code=True`.
 """
 
 import warnings
@@ -338,8 +339,8 @@ class CrammedModel(CrammedPreTrainedModel):
         the eager formula for that forward; return_dict=False: a tuple (all three default to the config's).
         cache (transformers' Cache; past_key_values, its older name): input_ids are then the tokens after the `past`
         cached ones, at positions past onwards, and attention_mask covers the cached ones too.
-        keep: the (batch, k) positions the token-dropping layers update (token_dropping.DroppingStack); None: every layer sees
-        every token.
+        keep: the (batch, k) positions the token-dropping layers update (token_dropping.DroppingStack); None: every
+        layer sees every token.
         position_ids: (batch, seq) positions of input_ids' tokens, or None for past .. past + seq - 1 (padding
         counts). Generation passes them derived from the mask (context.position_ids_from_mask), so a left-padded
         prompt's tokens sit where they would alone: they pick the position table's rows, turn rotary and place

@@ -1,7 +1,8 @@
 """Attention patterns by name (`arch.attention.pattern`, cycled over the attention blocks): which keys a query
 may see. A pattern turns the config into the mask fields of the attention spec every kernel takes (window,
-stepped, topk of attention_masks.AttentionSpec; their meaning: attention_masks.py), says which settings it refuses, and gives its mask
-for queries that do not start at position 0 (the new tokens of a KV cache, `visible`). A new pattern is one class here plus its registry line.
+stepped, topk of attention_masks.AttentionSpec; their meaning: attention_masks.py), says which settings it refuses,
+and gives its mask for queries that do not start at position 0 (the new tokens of a KV cache, `visible`). A new
+pattern is one class here plus its registry line.
 """
 
 from .registry import Registry, invalid
@@ -31,8 +32,8 @@ class Global:
     def visible(self, query_pos, key_pos, **kernel_args):
         """Which keys the queries at query_pos may see, by this pattern alone (causality and padding come on top):
         a (queries, keys) bool tensor, or None for all of them; positions of shape (batch, n) give (batch, queries,
-        keys). kernel_args: the spec's window, stepped and topk (None where unset). The rule of attention_masks.py, at absolute
-        positions."""
+        keys). kernel_args: the spec's window, stepped and topk (None where unset). The rule of attention_masks.py, at
+        absolute positions."""
         return None
 
     def problem(self, config, seq_length: int | None = None, length_name: str = "data.seq_length") -> str | None:
