@@ -1,6 +1,6 @@
 """What every crammed model shares as a Hugging Face PreTrainedModel: its config class, loading checkpoints saved
-under older names, saving its own code beside the weights (so the folder loads without cramming), the weights'
-init, and the outputs shaped as transformers gives them. The model itself is modeling_crammed.py.
+under older names, saving its own code beside the weights (so the folder loads without cramming) and the weights'
+init. The model itself is modeling_crammed.py.
 Only relative imports: Hugging Face copies this folder flat for `trust_remote_code=True`.
 """
 
