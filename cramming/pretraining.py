@@ -75,19 +75,24 @@ def pretrain(config: PretrainConfig, run_dir: Path) -> dict:
         return dryrun(config, runtime)
     engine = engines.setup(config.impl.distributed, runtime.device.type)
     try:
-        engine.check(config, runtime, microbatch_size(config))  # the same on every rank, so all ranks stop
-        refuse(engine_problem(config, engine, runtime))  # and what the engine refuses of the other components
-        job = Pretraining.build(config, Path(engine.broadcast(str(run_dir))), runtime, engine)
-        job.resume()
-        with StopFlag() as stop:  # a stop signal after the last step waits for the final checkpoint: the run is whole
-            summary = job.save(*job.fit(stop, setup_start))
-        if stop.signal:  # not in train_summary.json: the run it describes is whole
-            job.say(f"{stop.signal} came after the last step: the run finished and its checkpoint is whole",
-                    flush=True)
-            summary["stopped_by"] = stop.signal
-        return summary
-    finally:
+        return train_and_save(config, run_dir, runtime, engine, setup_start)
+    finally:  # the run's parts (its DDP wrapper among them) are gone by now: see Torchrun.close
         engine.close()
+
+
+def train_and_save(config: PretrainConfig, run_dir: Path, runtime, engine, setup_start: float) -> dict:
+    """Build, resume, fit, save; returns the summary. Its own function so that the run's parts die when it returns,
+    before the engine leaves its process group."""
+    engine.check(config, runtime, microbatch_size(config))  # the same on every rank, so all ranks stop
+    refuse(engine_problem(config, engine, runtime))  # and what the engine refuses of the other components
+    job = Pretraining.build(config, Path(engine.broadcast(str(run_dir))), runtime, engine)
+    job.resume()
+    with StopFlag() as stop:  # a stop signal after the last step waits for the final checkpoint: the run is whole
+        summary = job.save(*job.fit(stop, setup_start))
+    if stop.signal:  # not in train_summary.json: the run it describes is whole
+        job.say(f"{stop.signal} came after the last step: the run finished and its checkpoint is whole", flush=True)
+        summary["stopped_by"] = stop.signal
+    return summary
 
 
 def dryrun(config: PretrainConfig, runtime) -> dict:

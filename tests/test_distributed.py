@@ -174,3 +174,35 @@ def test_the_memory_plan_in_the_docs_is_what_the_script_prints():
     assert len(rows) == 7 and rows[1].startswith("| crammed-bert | 120 M | ")
     docs = (REPO / "docs" / "distributed.md").read_text()
     assert all(row in docs for row in rows), "docs/distributed.md is out of date: rerun scripts/memory_plan.py"
+
+
+def test_the_ddp_wrapper_is_gone_before_the_process_group(tmp_path, monkeypatch):
+    """A DDP wrapper that outlives its process group ends the run in a hang, now and then: its reducer then holds
+    gloo's last reference, whose destructor joins gloo's worker threads with the GIL held while a worker waits for
+    the GIL to free the last collective's tensors (seen in CI; torchrun/close's docstring). So when pretraining
+    leaves the group, no DistributedDataParallel may be alive, even in a reference cycle. One rank, in process."""
+    import gc
+    import socket
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from cramming import pretraining
+
+    with socket.socket() as probe:  # a free port for this one-rank group's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    alive_at_destroy = []
+    destroy = dist.destroy_process_group
+
+    def watched(*args, **kwargs):
+        alive_at_destroy.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+        return destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", watched)
+    summary = pretraining.pretrain(config_for(*TINY, "train.max_steps=2", "impl.distributed=ddp"), tmp_path)
+    assert summary["distributed"]["world_size"] == 1 and summary["steps"] == 2
+    assert alive_at_destroy == [0] and not dist.is_initialized()
