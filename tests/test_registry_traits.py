@@ -42,7 +42,7 @@ from cramming.registry import Registry
 from cramming.run import build_model, flops_per_token
 from cramming.train.averaging import AVERAGING
 from cramming.train.checkpointing import check_written_alike
-from cramming.train.fp8 import fp8_problem, torchao_problem
+from cramming.train.fp8 import torchao_problem
 from cramming.train.masking import MASKINGS, mask_count
 from cramming.train.nonfinite import NONFINITE
 from cramming.train.objectives import OBJECTIVES, build_objective
@@ -53,8 +53,6 @@ from cramming.train.trainer import Budget, StepPlan, Trainer
 from cramming.validation import load_config
 from cramming.validation.across import (
     block_projections,
-    engine_compile_problem,
-    engine_optimizer_problem,
     engine_problem,
     masking_problem,
     token_dropping_problem,
@@ -280,11 +278,6 @@ def averaging_problem(engine: str):
     return averaging.problem(run_config(**{"impl.distributed": engine}))
 
 
-def onebit(optimizer: str) -> PretrainConfig:
-    return run_config(**{"impl.distributed": "deepspeed", "train.optim.name": optimizer,
-                         "impl.deepspeed.onebit_adam": True, "impl.deepspeed.zero_stage": 0})
-
-
 MUP = "arch.parametrization=mup"
 LONG = ["arch.position=rotary", "arch.max_seq_length=128", "data.seq_length=64",
         "train.seq_schedule=[[0.5,64],[0.5,256]]"]
@@ -329,13 +322,6 @@ FLIPS = {
     "optimizer-normalised-revoke": Flip(
         OPTIMIZERS, "lion", "normalised_updates", lambda: refused(MUP, "train.optim.name=lion"),
         None, "train.optim.name='lion' is invalid: .* use one of adamw or"),
-    "optimizer-whole-matrices": Flip(
-        OPTIMIZERS, "adamw", "whole_matrices",
-        lambda: engine_optimizer_problem(run_config(**{"impl.distributed": "fsdp2"})),
-        None, "cannot run under impl.distributed=fsdp2"),
-    "optimizer-adamw": Flip(
-        OPTIMIZERS, "sgd", "adamw", lambda: engine_optimizer_problem(onebit("sgd")),
-        "leave train.optim.name=adamw", None),
     "mup-needs-normalised": Flip(
         PARAMETRIZATIONS, "mup", "needs_normalised_updates", lambda: refused(MUP, "train.optim.name=sgd"),
         "use one of adamw, lion", None),
@@ -405,15 +391,6 @@ FLIPS = {
     "engine-shards-weights": Flip(
         ENGINES, "ddp", "shards_weights", lambda: averaging_problem("fsdp2"),
         "use impl.distributed=ddp or none, or", "use impl.distributed=none, or"),
-    "engine-compiles-itself": Flip(
-        ENGINES, "deepspeed", "compiles_itself",
-        lambda: engine_compile_problem(run_config(**{"impl.distributed": "deepspeed",
-                                                     "impl.compile_mode": "max-autotune"})),
-        "compiles the model itself", None),
-    "engine-own-precision": Flip(
-        ENGINES, "deepspeed", "own_precision",
-        lambda: fp8_problem(run_config(**{"impl.distributed": "deepspeed", "impl.precision": "fp8"})),
-        "runs the model in its own precision", None, needs="torchao"),
     "engine-same-world": Flip(
         ENGINES, "ddp", "same_world_to_resume", resumed_on_another_world, None, "resume it on 2 processes, not 4"),
     "engine-whole-steps": Flip(ENGINES, "none", "whole_steps", rows_in_a_step_past_the_budget, 2, 6),

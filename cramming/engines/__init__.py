@@ -16,9 +16,7 @@ from .torchrun import Torchrun, env_rank, launched_by_torchrun, quiet_hydra_on_o
 
 ENGINES = Registry("distributed engine", ask=None, traits={  # asked once the world is known (Engine.problem)
     "shards_weights": "each process holds only part of the parameters (train.averaging refuses that)",
-    "compiles_itself": "it calls torch.compile itself, in its own mode (impl.compile_mode refuses that)",
     "same_world_to_resume": "its checkpoint holds one state file per rank: resumed by the same world size only",
-    "own_precision": "it casts the whole model to its own precision (impl.precision=fp8 refuses that)",
     "active": "several processes share the run",
     "whole_steps": "ranks agree on the clock once per optimizer step, so a step is never cut short by the budget",
 })

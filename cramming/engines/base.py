@@ -22,8 +22,8 @@ class Engine:
     name = "none"
     active = False  # several processes share the run
     state_folder = None  # the checkpoint's sub-folder holding this engine's own state files, if it has one
-    # its traits (shards_weights, compiles_itself, same_world_to_resume, own_precision: ENGINES' declaration in
-    # engines/__init__.py) are opt-in class attributes of the engines that have them
+    # its traits (shards_weights, same_world_to_resume, whole_steps: ENGINES' declaration in engines/__init__.py)
+    # are opt-in class attributes of the engines that have them
     compile_mode = "default"  # impl.compile_mode, learnt in prepare() for compile()
 
     def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):
@@ -37,22 +37,18 @@ class Engine:
         """For the model line: empty for one process."""
         return f", {self.name} on {self.world} processes" if self.active else ""
 
-    # ---- what it refuses: its own settings when the config is loaded, the run's when it starts; what it refuses of
-    # other components the validation asks through the methods below (cramming/validation/across.py)
+    # ---- what it refuses: its own settings and what it cannot run when the config is loaded, the run's when it
+    # starts; the optimizer (Muon) and the non-finite policy ask it through the methods below
     @classmethod
     def settings_problem(cls, config) -> str | None:
-        """The engine's own config block (impl.<name>), checked whichever engine is chosen."""
+        """The engine's own config block (impl.<name>), checked whichever engine is chosen, and what the engine
+        refuses of the rest of the config where it is the one chosen."""
         return None
 
     @classmethod
     def sliced_state_problem(cls, config) -> str | None:
         """Why an optimizer whose update reads whole matrices (Muon) cannot run here, when this engine gives each
         rank a slice of the optimizer state; None when it keeps the state whole."""
-        return None
-
-    @classmethod
-    def replaces_optimizer(cls, config) -> str | None:
-        """The option with which this engine puts an optimizer of its own in AdamW's place, or None."""
         return None
 
     def nonfinite_checked(self, config, runtime) -> bool:

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..impl import COMPILE_MODES
+from ..registry import invalid, listed
 from .base import uncompiled
 from .torchrun import Torchrun
 
@@ -151,8 +153,6 @@ class DeepSpeed(Torchrun):
     state_folder = FOLDER
     same_world_to_resume = True  # each rank's ZeRO partition of the optimizer state is its own file
     shards_weights = True  # the fp32 master weights are partitioned by ZeRO
-    compiles_itself = True  # DeepSpeed's engine compiles in place, with torch's default mode
-    own_precision = True  # it casts the whole model to bf16 / fp16 (its config), so no float8 layers
 
     @classmethod
     def join(cls, device_type: str) -> "DeepSpeed":
@@ -161,27 +161,41 @@ class DeepSpeed(Torchrun):
 
     @classmethod
     def settings_problem(cls, config) -> str | None:
+        """impl.deepspeed's values, and, where DeepSpeed runs, what it refuses of the rest of the run."""
         ds, chosen = config.impl.deepspeed, config.impl.distributed
         if ds.zero_stage not in (0, 1, 2):
             return (f"impl.deepspeed.zero_stage={ds.zero_stage!r} is invalid: choose 0, 1 (optimizer state sharded) "
                     "or 2 (and gradients); stage 3 is what impl.distributed=fsdp2 does")
         if ds.freeze_step < 0:
             return f"impl.deepspeed.freeze_step={ds.freeze_step!r} is invalid: must be >= 0"
-        if not ds.onebit_adam:
-            return None
-        if chosen != cls.name:
+        if ds.onebit_adam and chosen != cls.name:
             return ("impl.deepspeed.onebit_adam=True is invalid: 1-bit Adam is DeepSpeed's; set "
                     "impl.distributed=deepspeed (or impl=deepspeed)")
-        if ds.zero_stage != 0:
-            return ("impl.deepspeed.onebit_adam=True is invalid: DeepSpeed's 1-bit Adam does not combine with ZeRO; "
-                    "set impl.deepspeed.zero_stage=0")
-        return None
+        return cls.run_problem(config) if chosen == cls.name else None
 
     @classmethod
-    def replaces_optimizer(cls, config) -> str | None:
-        ds = config.impl.deepspeed
-        chosen = ds.onebit_adam and config.impl.distributed == cls.name and ds.zero_stage == 0
-        return "impl.deepspeed.onebit_adam" if chosen else None
+    def run_problem(cls, config) -> str | None:
+        """DeepSpeed compiles the model itself, in torch's default mode; it casts the whole model to its own
+        precision (bf16 / fp16), so no float8 layers; and its 1-bit Adam stands in for AdamW, without ZeRO."""
+        from . import ENGINES  # the registry, whose module imports this one
+
+        others = listed(sorted(name for name in ENGINES if name != cls.name))
+        impl = config.impl
+        if COMPILE_MODES[impl.compile_mode].torch_mode is not None:
+            return invalid("impl.compile_mode", impl.compile_mode, "impl.distributed=deepspeed compiles the model "
+                           f"itself, in torch's default mode; use impl.compile_mode=default or impl.distributed={others}")
+        if impl.precision == "fp8":
+            return invalid("impl.precision", "fp8", "impl.distributed=deepspeed runs the model in its own precision; "
+                           f"use impl.distributed={others}, or impl.precision=bf16")
+        if not impl.deepspeed.onebit_adam:
+            return None
+        if impl.deepspeed.zero_stage != 0:
+            return ("impl.deepspeed.onebit_adam=True is invalid: DeepSpeed's 1-bit Adam does not combine with ZeRO; "
+                    "set impl.deepspeed.zero_stage=0")
+        if (name := config.train.optim.name) != "adamw":
+            return (f"train.optim.name={name!r} is invalid: impl.deepspeed.onebit_adam replaces the optimizer with "
+                    "1-bit Adam, which stands in for AdamW; leave train.optim.name=adamw")
+        return None
 
     @classmethod
     def sliced_state_problem(cls, config) -> str | None:

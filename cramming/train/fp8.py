@@ -20,7 +20,6 @@ import re
 
 from torch import nn
 
-from ..engines import ENGINES
 from ..errors import UserError
 from ..registry import invalid
 
@@ -72,17 +71,13 @@ def convert_to_fp8(model: nn.Module, fp8) -> list[str]:
 
 
 def fp8_problem(config) -> str | None:
-    """impl.precision=fp8 against the rest of the config, at load time: torchao importable, an engine that keeps
-    the model's own modules (DeepSpeed casts the whole model to its own precision)."""
+    """impl.precision=fp8 against the rest of the config, at load time: torchao importable (DeepSpeed, which casts
+    the whole model to its own precision, refuses fp8 itself: engines/deepspeed.py)."""
     impl = config.impl
     if impl.precision != "fp8":
         return None
     if reason := torchao_problem():
         return invalid("impl.precision", "fp8", reason)
-    if ENGINES.trait(impl.distributed, "own_precision"):
-        return invalid("impl.precision", "fp8", f"impl.distributed={impl.distributed} runs the model in its own "
-                       f"precision; use impl.distributed={ENGINES.choices('own_precision', has=False)}, "
-                       "or impl.precision=bf16")
     return None
 
 

@@ -8,7 +8,7 @@ matrices at train.lr / m) share one schedule.
 
 import torch
 
-from ..engines import Engine
+from ..engines import ENGINES, Engine
 from ..errors import UserError
 from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametrization
 from ..registry import Registry, invalid, own_problem
@@ -16,8 +16,6 @@ from .lion import Lion
 
 OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: chosen_optimizer_problem(entry, config), traits={
     "normalised_updates": "each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam table holds",
-    "whole_matrices": "the update reads whole matrices, as Muon's orthogonalisation: no sharded optimizer state",
-    "adamw": "it is AdamW, for which DeepSpeed's 1-bit Adam (impl.deepspeed.onebit_adam) can stand in",
 })
 
 
@@ -82,7 +80,7 @@ def fused_adamw(groups: list[dict], cfg) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
 
 
-@OPTIMIZERS.register("adamw", normalised_updates=True, adamw=True)
+@OPTIMIZERS.register("adamw", normalised_updates=True)
 def adamw(model, cfg):
     """AdamW with decoupled weight decay (torch's fused kernel), Cramming's optimizer."""
     return fused_adamw(width_groups(model, cfg), cfg)
@@ -119,11 +117,13 @@ def muon_missing() -> str | None:
 
 
 def muon_problem(config) -> str | None:
-    """This torch has no Muon (its lr and momentum: MuonConfig.RULES)."""
-    return muon_missing()
+    """This torch has no Muon, or the engine slices the optimizer state, while Muon's update reads whole matrices
+    (its lr and momentum: MuonConfig.RULES)."""
+    engine = ENGINES.get(config.impl.distributed)  # auto: ddp or none, which keep the state whole
+    return muon_missing() or (engine.sliced_state_problem(config) if engine is not None else None)
 
 
-@OPTIMIZERS.register("muon", problem=muon_problem, whole_matrices=True)
+@OPTIMIZERS.register("muon", problem=muon_problem)
 def muon(model, cfg):
     """Muon (Jordan et al. 2024: momentum orthogonalised by a Newton-Schulz iteration) for the blocks' matrices at
     peak lr train.optim.muon.lr, AdamW for the rest at train.lr; both decay by train.weight_decay times their own lr."""

@@ -6,8 +6,8 @@ on a PretrainConfig; pretrain.across_sections runs them in CHECKS' order, and th
 
 from ..data.local_text import encoding_problem
 from ..data.share import prepared_problem
-from ..engines import ENGINES, settings_problem
-from ..impl import COMPILE_MODES, compile_problem
+from ..engines import settings_problem
+from ..impl import compile_problem
 from ..model.linear import LINEARS, linear_problem
 from ..model.modeling_crammed import BLOCKS, FFNS
 from ..model.parametrization import PARAMETRIZATIONS
@@ -21,7 +21,6 @@ from ..train.masking import MASKINGS
 from ..train.microbatch import microbatch_size
 from ..train.nonfinite import NONFINITE
 from ..train.objectives import OBJECTIVES
-from ..train.optim import OPTIMIZERS
 from ..train.schedule import window_schedule_problem
 
 
@@ -187,30 +186,6 @@ def token_dropping_problem(c) -> str | None:
 # ---------------------------------------------------------------- the engine against the rest
 
 
-def engine_compile_problem(c) -> str | None:
-    """impl.compile_mode against an engine that compiles the model itself."""
-    i = c.impl
-    if COMPILE_MODES[i.compile_mode].torch_mode is not None and ENGINES.trait(i.distributed, "compiles_itself"):
-        return invalid("impl.compile_mode", i.compile_mode, f"impl.distributed={i.distributed} compiles the model "
-                       "itself, in torch's default mode; use impl.compile_mode=default or impl.distributed="
-                       f"{ENGINES.choices('compiles_itself', has=False)}")
-    return None
-
-
-def engine_optimizer_problem(c) -> str | None:
-    """Each engine against the optimizer: one whose state it slices cannot read whole matrices (Muon), and one it
-    replaces (DeepSpeed's 1-bit Adam) must be the one it stands in for."""
-    name = c.train.optim.name
-    for engine in ENGINES.values():
-        if (option := engine.replaces_optimizer(c)) and not OPTIMIZERS.trait(name, "adamw"):
-            return (f"train.optim.name={name!r} is invalid: {option} replaces the optimizer with 1-bit Adam; leave "
-                    f"train.optim.name={OPTIMIZERS.choices('adamw')}")
-    engine = ENGINES.get(c.impl.distributed)
-    if engine is not None and OPTIMIZERS.trait(name, "whole_matrices"):
-        return engine.sliced_state_problem(c)
-    return None
-
-
 def engine_problem(config, engine, runtime) -> str | None:
     """Once the engine and the runtime are known: a policy that goes on past a non-finite step needs the engine to
     check every gradient (nonfinite_checked)."""
@@ -220,7 +195,6 @@ def engine_problem(config, engine, runtime) -> str | None:
     return None
 
 
-CHECKS = (data_problem, curriculum_problem, microbatch_problem, settings_problem, compile_problem, engine_compile_problem,
-          engine_optimizer_problem, fp8_problem, masking_problem, projections_problem, parametrization_problem,
+CHECKS = (data_problem, curriculum_problem, microbatch_problem, settings_problem, compile_problem, fp8_problem, masking_problem, projections_problem, parametrization_problem,
           softcap_problem, zero_init_problem, value_embeddings_problem, unet_problem, token_dropping_problem,
           window_problem)
