@@ -68,7 +68,7 @@ class DataConfig:
 
     RULES: ClassVar[dict] = {"seq_length": ">= 8", "vocab_size": ">= 64", "validation_fraction": "(0, 0.5)",
                              "filter_threshold": "> 0 or null", "ordering": ("random", "sentence-length")}
-    REGISTRIES: ClassVar[dict] = {"source": "data.sources:SOURCES"}  # options naming registered components
+    REGISTERED: ClassVar[dict] = {"source": ()}  # options naming registered components (data/sources.py)
 
 
 @dataclass
@@ -99,7 +99,7 @@ class OptimConfig:
     sgd: SGDConfig = field(default_factory=SGDConfig)
     muon: MuonConfig = field(default_factory=MuonConfig)
 
-    REGISTRIES: ClassVar[dict] = {"name": "train.optim:OPTIMIZERS"}
+    REGISTERED: ClassVar[dict] = {"name": ()}  # served by train/optim.py's OPTIMIZERS
 
 
 @dataclass
@@ -203,9 +203,8 @@ class TrainConfig:
         "target_loss": "> 0 or null",
         "wandb": ("off", "offline", "online"), "checkpoint_every_minutes": "> 0 or null", "keep_checkpoints": ">= 1",
     }
-    REGISTRIES: ClassVar[dict] = {"schedule": "train.schedule:SCHEDULES", "nonfinite": "train.nonfinite:NONFINITE",
-                                  "averaging": "train.averaging:AVERAGING",
-                                  "masking": "train.masking:MASKINGS"}
+    # served by train/schedule.py, nonfinite.py, averaging.py and masking.py
+    REGISTERED: ClassVar[dict] = {"schedule": (), "nonfinite": (), "averaging": (), "masking": ()}
 
 
 @dataclass
@@ -247,9 +246,9 @@ class ImplConfig:
     RULES: ClassVar[dict] = {"device": ("auto", "cuda", "cpu"), "precision": ("auto", "fp32", "bf16", "fp16", "fp8"),
                              "num_workers": ">= 0", "peak_tflops": "> 0 or null"}
     # The kernels eval.py reads too; engines are asked once the world is known (Engine.problem).
-    REGISTRIES: ClassVar[dict] = {
-        "attention": "model.attention:ATTENTION_KERNELS or auto", "rotary": "model.rotary:ROTARY_IMPLS or auto",
-        "loss": "model.losses:LOSSES or auto", "distributed": "engines:ENGINES or auto"}
+    # the kernels' and the loss's registries are served by impl.py, which resolves auto; the engines' by engines/
+    REGISTERED: ClassVar[dict] = {"attention": ("auto",), "rotary": ("auto",), "loss": ("auto",),
+                                  "distributed": ("auto",)}
 
 
 @dataclass

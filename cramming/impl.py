@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from . import kernels  # kernels.HAVE_TRITON says whether Triton is there
+from .config import ImplConfig
 from .errors import UserError
 from .model.attention import ATTENTION_KERNELS, kernel_problem
+from .model.losses import LOSSES
 from .model.rotary import ROTARY_IMPLS
 from .registry import Registry, invalid, listed
 
@@ -86,6 +88,11 @@ def ieee_fp32(device: torch.device, dtype) -> bool:
     the Triton kernel's exact IEEE dots spill registers and autotune for minutes, so `auto` takes SDPA there."""
     return device.type == "cuda" and dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
 
+
+# impl.attention, impl.rotary and impl.loss name these registries' entries, or auto, which is resolved here
+ATTENTION_KERNELS.serves(ImplConfig, "attention")
+ROTARY_IMPLS.serves(ImplConfig, "rotary")
+LOSSES.serves(ImplConfig, "loss")
 
 # `auto`'s preference, fastest first: Triton where it may run (on CUDA, TF32 allowed), then SDPA, then eager, which
 # serves every pattern. The first that can serve the run is taken; a refused choice's message lists the others.

@@ -1,7 +1,7 @@
 """docs/options.md, generated from the schema: `python -m cramming.options_doc > docs/options.md`.
 
 Each key's type and default come from its dataclass, what it accepts from the dataclass's RULES (cramming/rules.py)
-or the registry that its name looks up (its dataclass's REGISTRIES), and its one line of meaning from the comment beside
+or the registry that its name looks up (its dataclass's REGISTERED), and its one line of meaning from the comment beside
 the field (a trailing `# ...`, else the comment lines right above it). Nothing here is written twice: `--help`
 (cramming/cli.py) prints its key lines from the same functions, and tests/test_options_doc.py fails when
 docs/options.md is stale.
@@ -24,7 +24,7 @@ from .eval.config import EvalRunConfig
 from .impl import COMPILE_MODES
 from .plugins import import_plugins
 from .registry import listed
-from .rules import registry_keys, resolve
+from .rules import registry_keys
 from .schema import CONF, defaults_node, group_options
 
 
@@ -85,12 +85,12 @@ def value_text(value) -> str:
 
 def components() -> dict[str, tuple]:
     """{key: (registry, extra choices)} for every option that names entries of a registry: the ones the schema
-    declares (REGISTRIES, checked by the validation walk), and those checked where they are used (impl.py,
+    declares (REGISTERED, checked by the validation walk), and those checked where they are used (impl.py,
     data/local_text.py), and eval.tasks: every benchmark's task_table."""
     from .eval.kinds import BENCHMARKS  # heavy (every benchmark, scipy, peft): not for a help page's key lines
+    from .validation import eval, pretrain  # noqa: F401  import every registry serving the schemas' options
 
-    declared = dict(registry_keys(PretrainConfig)) | dict(registry_keys(EvalRunConfig))
-    named = {key: resolve(spec) for key, spec in declared.items()}
+    named = dict(registry_keys(PretrainConfig)) | dict(registry_keys(EvalRunConfig))
     return {**named, "impl.compile_mode": (COMPILE_MODES, ()),
             "data.encoding_errors": (ENCODING_ERRORS, ()),
             "eval.tasks": (benchmark_tasks(BENCHMARKS), ())}

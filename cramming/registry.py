@@ -31,6 +31,8 @@ def own_problem(entry, config) -> str | None:
 
 
 class Registry(dict):
+    serving = {}  # (schema dataclass, field) -> the registry whose names that option takes (serves)
+
     def __init__(self, kind: str, ask=own_problem, traits: dict[str, str] | None = None):
         """ask(entry, run_config) -> str | None: how config validation asks a chosen entry what it refuses (None:
         it is not asked there; cramming/rules.py). traits: {name: what an entry having it means}, the only
@@ -40,6 +42,15 @@ class Registry(dict):
         self.ask = ask
         self.traits = dict(traits or {})
         self.about = {}  # name -> its one line for docs/options.md, where the entry has no docstring of its own
+
+    def serves(self, schema, field: str) -> None:
+        """Declare that the option `field` of the dataclass `schema` names entries of this registry: the config
+        walk checks its values against them and asks the chosen entries (rules.py), and docs/options.md lists them.
+        The schema marks the field in its REGISTERED; a field it does not mark raises KeyError here."""
+        if field not in getattr(schema, "REGISTERED", {}):
+            raise KeyError(f"{schema.__name__}.{field} is not in {schema.__name__}.REGISTERED: the schema does not "
+                           f"say it names a {self.kind}")
+        Registry.serving[(schema, field)] = self
 
     def declared(self, trait: str) -> str:
         """The trait's name, if this registry declares it; else KeyError naming the registry and its traits."""

@@ -3,19 +3,19 @@ eval's validate_eval):
 
 - RULES: a plain option's range ("> 0", "[0, 1)", ">= 1 or null", "each [0, 1)" for a tuple, optionally followed
   by ": why") or a tuple of choices. The requirement the user reads is the declaration itself ("must be in [0, 1)").
-- REGISTRIES: an option that names registered components: {field: "module:REGISTRY"} (relative to the cramming
-  package, so arch.py needs no import), "... or auto" for a choice beyond the registry's. The name must be
-  registered, and the chosen entry is asked what it refuses (the registry's `ask`, cramming/registry.py).
+- REGISTERED: the options that name registered components, {field: choices beyond the registry's, as ("auto",)},
+  in the order they are asked. The registry says which option it serves, beside its entries
+  (`FFNS.serves(ArchConfig, "ffn")`), so the schema imports nothing. The name must be registered, and the chosen
+  entry is asked what it refuses (the registry's `ask`, cramming/registry.py).
 - COMPONENT = (field, names): a section that belongs to one component (arch.rotary: ("position", "rotary")), named
   by a field of the dataclass holding the section; its rules are checked only when one of `names` is chosen.
 """
 
 import dataclasses
-import importlib
 import operator
 import re
 
-from .registry import invalid
+from .registry import Registry, invalid
 
 SPEC = re.compile(r"(?P<each>each )?(?:(?P<op>>=|>) (?P<x>\S+)|(?P<lo>[\[(])(?P<a>\S+), (?P<b>\S+?)(?P<hi>[\])]))"
                   r"(?P<null> or null)?(?:: (?P<why>.+))?")
@@ -82,30 +82,34 @@ def declared_rules(config, prefix: str = ""):
                 yield f"{where}{field.name}", getattr(section, field.name), rules[field.name]
 
 
-def declared_registries(config, prefix: str = ""):
+def declared_registries(config, prefix: str = "", leave_out=()):
     """(key, value, registry, extra choices) for every option that names registered components, in the order
-    each dataclass's REGISTRIES lists them (its own before its sections')."""
+    each dataclass's REGISTERED lists them (its own before its sections'); keys in `leave_out` are not walked."""
     for where, section in sections(config, prefix):
-        for name, spec in getattr(type(section), "REGISTRIES", {}).items():
-            registry, extra = resolve(spec)
-            yield f"{where}{name}", getattr(section, name), registry, extra
+        for name, extra in getattr(type(section), "REGISTERED", {}).items():
+            if f"{where}{name}" not in leave_out:
+                yield f"{where}{name}", getattr(section, name), served(type(section), name), tuple(extra)
 
 
 def registry_keys(cls, prefix: str = ""):
-    """(key, "module:REGISTRY ...") for every option of a schema class that names registered components, sections
-    included whether chosen or not (docs/options.md lists them all)."""
-    for name, spec in getattr(cls, "REGISTRIES", {}).items():
-        yield f"{prefix}{name}", spec
+    """(key, (registry, extra choices)) for every option of a schema class that names registered components,
+    sections included whether chosen or not (docs/options.md lists them all)."""
+    for name, extra in getattr(cls, "REGISTERED", {}).items():
+        yield f"{prefix}{name}", (served(cls, name), tuple(extra))
     for field in dataclasses.fields(cls):
         if dataclasses.is_dataclass(field.default_factory):
             yield from registry_keys(field.default_factory, f"{prefix}{field.name}.")
 
 
-def resolve(spec: str) -> tuple:
-    """"model.modeling_crammed:FFNS or auto" -> (the FFNS registry, ("auto",))."""
-    path, *extra = spec.split(" or ")
-    module, name = path.split(":")
-    return getattr(importlib.import_module(f"cramming.{module}"), name), tuple(extra)
+def served(schema, field: str) -> Registry:
+    """The registry that declared it serves `schema.field` (Registry.serves). Its module must have been imported:
+    the validation layer imports every one (validation/components.py); a missing one is an error, never an option
+    silently left unchecked."""
+    registry = Registry.serving.get((schema, field))
+    if registry is None:
+        raise LookupError(f"{schema.__name__}.{field} names registered components, but no imported registry serves "
+                          "it: import the module that calls serves() for it")
+    return registry
 
 
 def registry_problem(key: str, value, registry, extra: tuple, config) -> str | None:

@@ -4,12 +4,15 @@ with one line naming the new one, and what was saved before the move still loads
 
 import dataclasses
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 import torch
+from conftest import REPO
 from omegaconf import OmegaConf
 from test_cli_errors import compose_through_entry
 from test_config import compose_config
@@ -19,9 +22,11 @@ from cramming.errors import UserError
 from cramming.model.arch import ArchConfig
 from cramming.model.configuration_crammed import CrammedConfig
 from cramming.model.modeling_crammed import CrammedForMaskedLM
+from cramming.model.norms import NORMS
 from cramming.renames import RENAMED, moved
 from cramming.rules import registry_keys, schema_problems
 from cramming.train.checkpointing import Checkpointer, find_resume
+from cramming.train.nonfinite import NONFINITE
 from cramming.train.state import TrainState
 from cramming.validation import load_config
 
@@ -77,15 +82,62 @@ def test_the_walk_finds_every_option_naming_a_registry():
 @dataclass
 class Inner:
     COMPONENT: ClassVar[tuple] = ("kind", "halt")
-    REGISTRIES: ClassVar[dict] = {"norm": "model.norms:NORMS"}
+    REGISTERED: ClassVar[dict] = {"norm": ()}
     norm: str = "layernorm"
 
 
 @dataclass
 class Outer:
-    REGISTRIES: ClassVar[dict] = {"kind": "train.nonfinite:NONFINITE"}
+    REGISTERED: ClassVar[dict] = {"kind": ()}
     kind: str = "skip"
     inner: Inner = field(default_factory=Inner)
+
+
+NORMS.serves(Inner, "norm")  # as a component says which option names its entries
+NONFINITE.serves(Outer, "kind")
+
+
+def test_each_option_naming_components_is_served_where_its_entry_point_imports():
+    """The schema marks an option (REGISTERED), the registry declares it serves it (Registry.serves), in modules
+    that may not be imported yet: each entry point must import every one it walks, in a fresh process."""
+    code = ("import importlib, sys; from cramming.rules import registry_keys, declared_registries; "
+            "importlib.import_module(sys.argv[1]); ")
+    walks = {"cramming.validation": "from cramming.config import PretrainConfig as S; "
+                                    "print(len(list(registry_keys(S))))",
+             "cramming.validation.eval": "from cramming.eval.config import EvalRunConfig as S; "
+                                         "print(len(list(registry_keys(S))))",
+             "cramming.checkpoints.model_folder": "from cramming.model.arch import ArchConfig as S; "
+                                                  "print(len(list(declared_registries(S(), "
+                                                  "leave_out=('objective',)))))"}
+    counts = {}
+    for module, walk in walks.items():
+        result = subprocess.run([sys.executable, "-c", code + walk, module], capture_output=True, text=True,
+                                timeout=300, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-2000:]
+        counts[module] = int(result.stdout.split()[-1])
+    import cramming.validation.eval  # noqa: F401  here, every registry serves: the fresh processes must match
+    from cramming.eval.config import EvalRunConfig
+    from cramming.rules import declared_registries
+
+    assert counts == {"cramming.validation": len(HAND_KEPT),
+                      "cramming.validation.eval": len(list(registry_keys(EvalRunConfig))),
+                      "cramming.checkpoints.model_folder": len(list(registry_keys(ArchConfig))) - 1}
+    assert counts["cramming.checkpoints.model_folder"] == len(list(declared_registries(ArchConfig()))) - 1
+
+
+def test_an_option_nobody_serves_is_an_error_and_serves_needs_the_schemas_mark():
+    @dataclass
+    class Unserved:
+        REGISTERED: ClassVar[dict] = {"norm": ()}
+        norm: str = "layernorm"
+        size: int = 1
+
+    with pytest.raises(LookupError, match="Unserved.norm names registered components, but no imported registry"):
+        list(schema_problems(Unserved()))
+    with pytest.raises(KeyError, match="Unserved.size is not in Unserved.REGISTERED"):
+        NORMS.serves(Unserved, "size")
+    NORMS.serves(Unserved, "norm")
+    assert next(filter(None, schema_problems(Unserved(norm="batchnorm")))).startswith("norm='batchnorm' is not")
 
 
 def test_a_new_registry_field_is_checked_where_it_is_declared():

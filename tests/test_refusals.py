@@ -66,7 +66,7 @@ PRETRAIN = [
     row("name=", "name=''", "name-empty"),
     row("arch.num_heads=5", "must divide arch.hidden_size", "num-heads-not-dividing"),
 
-    # arch: choices and ranges (cramming/model/arch.py RULES and REGISTRIES, walked by cramming/rules.py)
+    # arch: choices and ranges (cramming/model/arch.py RULES and REGISTERED, walked by cramming/rules.py)
     row("arch.position=wavy", "arch.position='wavy' is not a valid option; choose one of: alibi, learned, none, rotary",
         "position-unknown"),
     row("arch.norm=batchnorm", "arch.norm='batchnorm'", "norm-unknown"),
@@ -169,7 +169,7 @@ PRETRAIN = [
         "dropping-layers-one-number", DROPPING),
     row("arch.num_layers=1", "is empty at arch.num_layers=1", "dropping-one-layer", DROPPING),
 
-    # data (cramming/config.py DataConfig RULES and REGISTRIES; each source's problem(): cramming/data/sources.py;
+    # data (cramming/config.py DataConfig RULES and REGISTERED; each source's problem(): cramming/data/sources.py;
     # data.encoding: cramming/data/local_text.py)
     row("data=local-text", "data.path", "local-text-without-path"),
     row("data.validation_fraction=0", "data.validation_fraction", "validation-fraction-zero"),
@@ -249,7 +249,7 @@ PRETRAIN = [
     row("train.window_schedule=[[0.1,1],[0.1,2],[0.1,3],[0.1,4],[0.1,5],[0.1,6],[0.1,7],[0.1,8],[0.2,9]] "
         "impl.compile=true", "past torch's recompile limit of 8", "windows-past-recompile-limit", WINDOWED),
 
-    # impl (cramming/config.py ImplConfig RULES and REGISTRIES; the microbatch: cramming/validation/across.py)
+    # impl (cramming/config.py ImplConfig RULES and REGISTERED; the microbatch: cramming/validation/across.py)
     row("impl.device=tpu", "impl.device", "device-unknown"),
     row("impl.precision=fp4", "impl.precision='fp4'", "precision-unknown"),
     row("impl.attention=magic", "impl.attention", "attention-kernel-unknown"),
@@ -276,7 +276,7 @@ PRETRAIN = [
 ]
 
 EVAL = [
-    # eval.*: ranges and the benchmark's tasks (cramming/eval/config.py RULES and REGISTRIES, walked by
+    # eval.*: ranges and the benchmark's tasks (cramming/eval/config.py RULES and REGISTERED, walked by
     # cramming/rules.py; the task list: cramming/eval/kinds.py; eval.per_task: cramming/validation/eval.py)
     row("eval.tasks=[glue9]", "eval.tasks='glue9'", "glue-task-unknown", FAST),
     row("eval.seeds=0", "eval.seeds", "seeds-zero", FAST),

@@ -270,7 +270,8 @@ def check_crammed_config(path: Path, config) -> None:
     for key, value, rule in declared_rules(typed):
         if problem := rule_problem(key, value, rule):
             raise UserError(f"{where}: {problem}")
-    for key, value, registry, extra in declared_registries(typed):
+    # arch.objective says how the model was trained (train/objectives.py, a layer above): no part of what loads it
+    for key, value, registry, extra in declared_registries(typed, leave_out=("objective",)):
         names = value if isinstance(value, list) else [value]
         if bad := next((n for n in names if n not in registry and n not in extra), None):
             raise UserError(f"{where}: {key}={bad!r} is no option this cramming has")

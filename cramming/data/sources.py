@@ -9,11 +9,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..config import DataConfig
 from ..registry import Registry, invalid
 from . import hub, local_text
 from .python_docs import build_corpus, default_roots
 
 SOURCES = Registry("data source")
+SOURCES.serves(DataConfig, "source")
 
 
 def installed_in(roots: list[str]) -> list[str]:

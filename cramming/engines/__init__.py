@@ -6,6 +6,7 @@ $CRAMMING_PLUGINS (plugins.py)."""
 
 import os
 
+from ..config import ImplConfig
 from ..errors import UserError
 from ..registry import Registry
 from .base import Engine
@@ -20,6 +21,7 @@ ENGINES = Registry("distributed engine", ask=None, traits={  # asked once the wo
     "active": "several processes share the run",
     "whole_steps": "ranks agree on the clock once per optimizer step, so a step is never cut short by the budget",
 })
+ENGINES.serves(ImplConfig, "distributed")
 for _engine in (Engine, DDP, FSDP2, DeepSpeed):
     ENGINES.register(_engine.name)(_engine)
 CHOICES = ("auto", *ENGINES)  # impl.distributed; auto = ddp under torchrun, else none

@@ -31,7 +31,7 @@ class Recipe:
 
     RULES: ClassVar[dict] = {"lr": "> 0", "epochs": ">= 1", "batch_size": ">= 1", "max_length": ">= 8",
                              "warmup_fraction": "[0, 1)", "dropout": "[0, 1)"}  # cramming/rules.py
-    REGISTRIES: ClassVar[dict] = {"schedule": "eval.finetune:FINETUNE_SCHEDULES"}
+    REGISTERED: ClassVar[dict] = {"schedule": ()}  # served by eval/finetune.py's FINETUNE_SCHEDULES
 
 
 @dataclass
@@ -71,7 +71,7 @@ class EvalConfig:
     lm_eval: LmEvalOptions = field(default_factory=LmEvalOptions)
 
     RULES: ClassVar[dict] = {"seeds": ">= 1", "baseline": ("random-init", None), "max_train_examples": "> 0 or null"}
-    REGISTRIES: ClassVar[dict] = {"kind": "eval.kinds:BENCHMARKS"}
+    REGISTERED: ClassVar[dict] = {"kind": ()}  # served by eval/kinds.py's BENCHMARKS
 
 
 @dataclass

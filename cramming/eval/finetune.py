@@ -25,6 +25,7 @@ from ..checkpoints.model_folder import check_crammed_config
 from ..errors import UserError
 from ..registry import Registry
 from ..untrusted import inside, read_json
+from .config import Recipe
 from .glue_metrics import compute_metrics
 from .tasks import TaskData
 
@@ -33,6 +34,7 @@ HEADS = Registry("fine-tuning head", traits={
     "untrained": "nothing is fine-tuned: head(checkpoint, tokenizer, task, recipe, seed, runtime, random_init) "
                  "scores the checkpoint as it is, returning each dev split's metrics"})
 FINETUNE_SCHEDULES = Registry("fine-tuning schedule")  # eval.recipe.schedule
+FINETUNE_SCHEDULES.serves(Recipe, "schedule")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from . import (
     token_head,
     zero_shot,
 )
+from .config import EvalConfig
 from .finetune import HEADS
 from .results import glue_summary
 from .superglue_metrics import SUPERGLUE_SET, superglue_average
@@ -71,6 +72,7 @@ BENCHMARKS = Registry("benchmark", traits={  # eval.kind
     "skippable": "eval.skip_missing applies: a task whose data is missing is skipped, not an error",
     "published": "its tasks have published scores that a complete run's can stand beside (the model card says so)",
 })
+BENCHMARKS.serves(EvalConfig, "kind")
 
 BENCHMARKS.register("glue", about="GLUE: the eight tasks of the paper's average (WNLI on request), each fine-tuned "
                     "from the checkpoint.")(Benchmark(

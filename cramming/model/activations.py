@@ -3,9 +3,11 @@ function of one tensor; a new one is `ACTIVATIONS.register(name, about=...)(fn)`
 
 from torch.nn import functional as F
 
+from .arch import ArchConfig
 from .registry import Registry
 
 ACTIVATIONS = Registry("activation")
+ACTIVATIONS.serves(ArchConfig, "activation")
 ACTIVATIONS.register("gelu", about="GELU, x * Phi(x) (BERT's).")(F.gelu)
 ACTIVATIONS.register("relu", about="ReLU, max(x, 0).")(F.relu)
 ACTIVATIONS.register("silu", about="SiLU (swish), x * sigmoid(x): SwiGLU's gate with arch.ffn=glu.")(F.silu)

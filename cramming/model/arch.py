@@ -15,7 +15,7 @@ class AttentionConfig:
     window: int = 64  # local: keys within this many positions on each side; stepped: the block length
     topk: int = 16  # topk: scores kept per query
 
-    REGISTRIES: ClassVar[dict] = {"pattern": "model.patterns:PATTERNS"}
+    REGISTERED: ClassVar[dict] = {"pattern": ()}  # served by model/patterns.py's PATTERNS
 
 
 @dataclass
@@ -158,11 +158,7 @@ class ArchConfig:
         "init_std": "> 0", "hidden_dropout": "[0, 1)", "attention_dropout": "[0, 1)",
     }
     # The options naming registered components, asked in this order (position after the blocks and the patterns:
-    # their messages say more). Module paths are relative to the cramming package, so this file imports nothing.
-    REGISTRIES: ClassVar[dict] = {
-        "ffn": "model.modeling_crammed:FFNS", "activation": "model.activations:ACTIVATIONS",
-        "norm": "model.norms:NORMS", "init": "model.parametrization:INITS", "linear": "model.linear:LINEARS",
-        "layout": "model.modeling_crammed:BLOCKS",
-        "objective": "train.objectives:OBJECTIVES", "position": "model.positions:POSITIONS",
-        "parametrization": "model.parametrization:PARAMETRIZATIONS",
-    }
+    # their messages say more). Each registry declares the option it serves (FFNS.serves(ArchConfig, "ffn"), in
+    # modeling_crammed.py; OBJECTIVES in train/objectives.py), so this file imports nothing.
+    REGISTERED: ClassVar[dict] = {"ffn": (), "activation": (), "norm": (), "init": (), "linear": (), "layout": (),
+                                  "objective": (), "position": (), "parametrization": ()}

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .arch import ArchConfig
 from .linear_btt import btt_count, btt_factors, btt_materialise, btt_multiply, btt_shapes, factorize
 from .registry import Registry
 
@@ -26,6 +27,7 @@ from .registry import Registry
 LINEARS = Registry("linear layer", ask=lambda entry, config: None, traits={
     "structured": "a product of factors, not one matrix: no single fan-in (mup), no zero init (arch.zero_init_out)",
 })
+LINEARS.serves(ArchConfig, "linear")
 
 
 def _register(name: str, **traits):

@@ -22,6 +22,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast, MaskedLMOutput
 
 from .activations import ACTIVATIONS
+from .arch import ArchConfig
 from .attention import ATTENTION_KERNELS, attend_at, eager_attention, eager_probs, weighted_values
 from .attention_masks import AttentionSpec
 from .configuration_crammed import CrammedConfig, current_keys
@@ -45,6 +46,7 @@ from .value_embeddings import ValueEmbeddings, ValueMix, value_layers
 FFNS = Registry("ffn", traits={
     "gated": "its up projection is split into a gate and a value: the down projection takes ffn_size / 2",
 })
+FFNS.serves(ArchConfig, "ffn")
 
 
 @FFNS.register("mlp")
@@ -193,6 +195,7 @@ BLOCKS = Registry("block", traits={
     "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
     "fixed_length": "it holds arch.max_seq_length-sized weights: no sequences past arch.max_seq_length",
 })
+BLOCKS.serves(ArchConfig, "layout")
 
 
 def cache_problem(config) -> str | None:

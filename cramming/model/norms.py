@@ -3,9 +3,11 @@
 import torch
 from torch import nn
 
+from .arch import ArchConfig
 from .registry import Registry
 
 NORMS = Registry("norm")
+NORMS.serves(ArchConfig, "norm")
 
 
 @NORMS.register("layernorm")

@@ -23,6 +23,7 @@ import math
 
 from torch import nn
 
+from .arch import ArchConfig
 from .registry import Registry
 
 PARAMETRIZATIONS = Registry("parametrization", traits={
@@ -30,6 +31,7 @@ PARAMETRIZATIONS = Registry("parametrization", traits={
     "width_relative": "it scales by the width against a base width (a narrower copy, rtd's generator, would be "
                       "scaled by the wrong one)",
 })
+PARAMETRIZATIONS.serves(ArchConfig, "parametrization")
 
 
 @PARAMETRIZATIONS.register_one("standard")
@@ -119,6 +121,7 @@ def hidden_weights(model) -> list:
 
 
 INITS = Registry("init")
+INITS.serves(ArchConfig, "init")
 
 
 @INITS.register_one("normal")

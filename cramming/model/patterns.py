@@ -5,6 +5,7 @@ and gives its mask for queries that do not start at position 0 (the new tokens o
 pattern is one class here plus its registry line.
 """
 
+from .arch import AttentionConfig
 from .registry import Registry, invalid
 
 PATTERNS = Registry("attention pattern", traits={
@@ -12,6 +13,7 @@ PATTERNS = Registry("attention pattern", traits={
     "token_subsets": "its mask holds on a subset of the tokens (arch.token_dropping): it reads no positions",
     "absolute": "its mask depends on where the tokens are, not only on how far apart (attention.attend_at)",
 })
+PATTERNS.serves(AttentionConfig, "pattern")
 
 
 @PATTERNS.register_one("global")

@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from .arch import ArchConfig
 from .registry import Registry, invalid
 from .rotary import Rotation
 
@@ -21,6 +22,7 @@ POSITIONS = Registry("position", traits={
     "alibi": "the attention kernels add ALiBi's distance bias themselves (attention_masks.py)",
     "learned_table": "its table is trained weights of arch.max_seq_length rows: a fine-tuning cannot make it longer",
 })
+POSITIONS.serves(ArchConfig, "position")
 
 
 def sinusoid_table(length: int, dim: int) -> torch.Tensor:

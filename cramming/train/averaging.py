@@ -17,12 +17,14 @@ import contextlib
 import torch
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from ..config import TrainConfig
 from ..engines import ENGINES
 from ..model.configuration_crammed import current_key
 from ..registry import Registry
 from .hooks import Hook
 
 AVERAGING = Registry("train.averaging")
+AVERAGING.serves(TrainConfig, "averaging")
 AVERAGING.register("none", about="No averaging: the last weights are the run's only ones.")(None)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import TrainConfig
 from ..registry import Registry
 
 MASKINGS = Registry("masking", traits={
@@ -19,6 +20,7 @@ MASKINGS = Registry("masking", traits={
     "per_span": "SpanBERT's counting and replacement: ceil(mask_prob x seq_len) positions, and one 80/10/10 draw "
                 "per run of consecutive masked positions (so a span is all [MASK], all random or all kept)",
 })
+MASKINGS.serves(TrainConfig, "masking")
 
 
 @dataclass

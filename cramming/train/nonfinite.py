@@ -4,6 +4,7 @@ out (Trainer.on_nonfinite): skip the step, halt the run, or roll back to the las
 
 from dataclasses import dataclass
 
+from ..config import TrainConfig
 from ..registry import Registry
 
 EXIT_NONFINITE = 3
@@ -11,6 +12,7 @@ NONFINITE = Registry("train.nonfinite policy", traits={
     "checkpoint_first": "it needs a checkpoint before the first step (somewhere to go back to)",
     "continues": "it goes on from the weights it has, so the engine must not have applied a non-finite step",
 })
+NONFINITE.serves(TrainConfig, "nonfinite")
 
 
 @dataclass(frozen=True)

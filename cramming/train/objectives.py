@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from ..data.tokenizer import word_starts
+from ..model.arch import ArchConfig
 from ..model.electra import CrammedForReplacedTokenDetection
 from ..model.modeling_crammed import CrammedForCausalLM, CrammedForMaskedLM
 from ..model.parametrization import PARAMETRIZATIONS
@@ -20,6 +21,7 @@ OBJECTIVES = Registry("objective", traits={
     "causal": "its model attends causally (the config built for it says causal=true, and keeps it)",
     "scores_masked_only": "validation scores the masked positions only (the sparse head decodes only those)",
 })
+OBJECTIVES.serves(ArchConfig, "objective")
 
 
 class Objective(Protocol):

@@ -8,6 +8,7 @@ matrices at train.lr / m) share one schedule.
 
 import torch
 
+from ..config import OptimConfig
 from ..engines import ENGINES, Engine
 from ..errors import UserError
 from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametrization
@@ -17,6 +18,7 @@ from .lion import Lion
 OPTIMIZERS = Registry("optimizer", ask=lambda entry, config: chosen_optimizer_problem(entry, config), traits={
     "normalised_updates": "each coordinate's step is normalised, as Adam's or Lion's sign: muP's Adam table holds",
 })
+OPTIMIZERS.serves(OptimConfig, "name")
 
 
 def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:

@@ -18,11 +18,13 @@ from dataclasses import dataclass, replace
 
 import torch._dynamo
 
+from ..config import TrainConfig
 from ..model.patterns import PATTERNS
 from ..registry import Registry, invalid
 from .curriculum import sequence_length, stage_factors
 
 SCHEDULES = Registry("schedule", ask=lambda entry, config: chosen_schedule_problem(entry, config))
+SCHEDULES.serves(TrainConfig, "schedule")
 WARMUP_FLOOR = 0.01  # the warm-up multiplier never goes below this, so the first step moves the weights
 
 

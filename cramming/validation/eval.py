@@ -6,6 +6,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import UserError, check, refuse
+from ..eval import finetune  # noqa: F401  serves the recipe's schedule (Registry.serves; eval.kind: BENCHMARKS)
 from ..eval.config import EvalRunConfig, recipe_for
 from ..eval.kinds import BENCHMARKS
 from ..plugins import import_plugins

@@ -9,13 +9,21 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import PretrainConfig
+from ..data import sources  # noqa: F401  serves data.source
+from ..engines import ENGINES  # noqa: F401  serves impl.distributed
 from ..errors import UserError, refuse
+from ..impl import COMPILE_MODES  # noqa: F401  serves impl.attention, impl.rotary and impl.loss
 from ..plugins import import_plugins
 from ..registry import invalid
 from ..renames import renamed_line
 from ..rules import schema_problems
 from ..run_folder import name_problem
+from ..train import averaging, objectives, optim, schedule  # noqa: F401  serve train.* and arch.objective
 from . import across
+
+# The imports marked "serves": each option in PretrainConfig's REGISTERED is served by the registry that says so
+# where it is defined (Registry.serves), and the walk finds it once its module is imported (rules.served refuses an
+# option nobody serves). across.py imports the rest.
 
 
 def check_no_missing(cfg) -> None:
