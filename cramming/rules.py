@@ -103,8 +103,8 @@ def registry_keys(cls, prefix: str = ""):
 
 def served(schema, field: str) -> Registry:
     """The registry that declared it serves `schema.field` (Registry.serves). Its module must have been imported:
-    the validation layer imports every one (validation/components.py); a missing one is an error, never an option
-    silently left unchecked."""
+    the validation layer imports every one (validation/pretrain.py, eval.py); a missing one is an error, never an
+    option silently left unchecked."""
     registry = Registry.serving.get((schema, field))
     if registry is None:
         raise LookupError(f"{schema.__name__}.{field} names registered components, but no imported registry serves "

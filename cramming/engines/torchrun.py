@@ -74,7 +74,7 @@ class Torchrun(Engine):
         """Leave the process group, once the run's parts are gone. A DDP wrapper must not outlive the group: its
         reducer would then hold gloo's last reference, and destroying that joins gloo's worker threads with the
         GIL held, while a worker may need the GIL to free the tensors of the last collective (a hang at exit, about
-        one run in 15 on a loaded CPU). Dropped by Python, the group releases the GIL first: pretrain() leaves the
+        one run in 13 on a loaded CPU). Dropped by Python, the group releases the GIL first: pretrain() leaves the
         group after the function holding the run's parts has returned."""
         if dist.is_initialized():
             dist.destroy_process_group()
