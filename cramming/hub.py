@@ -17,7 +17,7 @@ import huggingface_hub
 from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
 from .errors import UserError
-from .model_code import foreign_code, is_ours, named_modules, our_closure
+from .model_code import closure, foreign_code, is_ours, named_modules, shipped_names
 
 # What a model folder needs: its config, weights and tokenizer (not other frameworks' weights, nor ONNX exports).
 # Code (*.py) only when it will be allowed to run.
@@ -127,15 +127,28 @@ def _from_hub(key: str, value: str, allow_code: bool, allow_key: str) -> Path:
         return folder
     if allow_code:
         _download(key, value, ["*.py"], reason)
-    elif (closure := our_closure(modules)) is not None:
-        if reason is None and not _ours_on_hub(key, value, closure):
-            raise UserError(f"{key}={value!r}: its model code on the hub is not this cramming's own; if you trust "
-                            f"where it came from, allow it with {allow_key}=true")
-        try:
-            _download(key, value, closure, reason)  # offline: from the hub cache, if it is there
-        except UserError:
-            pass  # refuse_foreign_code names the file that is missing
+    elif all(f"{module}.py" in shipped_names() for module in modules):
+        # Our modules' files as this repository holds them: each file fetched names the next by its relative imports
+        # (read as text), and each is fetched only when the hub lists a version of ours under its name.
+        tried = set()
+        while more := [name for name in closure(folder, modules, bounds(folder))[0] if name not in tried]:
+            _fetch_ours(key, value, more, allow_key, reason)
+            tried |= set(more)
     return folder
+
+
+def _fetch_ours(key: str, value: str, files: list[str], allow_key: str, reason: str | None) -> None:
+    """Download these code files of a hub model when the hub lists a version of ours under each name (variants.py
+    aside: a checkpoint's own is checked by its content once fetched, model_code.is_ours). Offline: from the hub
+    cache, if they are there."""
+    listed = [name for name in files if name != "variants.py"]
+    if reason is None and not _ours_on_hub(key, value, listed):
+        raise UserError(f"{key}={value!r}: its model code on the hub is not this cramming's own; if you trust "
+                        f"where it came from, allow it with {allow_key}=true")
+    try:
+        _download(key, value, files, reason)
+    except UserError:
+        pass  # refuse_foreign_code names the file that is missing
 
 
 def _ours_on_hub(key: str, value: str, files: list[str]) -> bool:

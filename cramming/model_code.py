@@ -15,6 +15,7 @@ train.trust_remote_code), and then transformers imports it from the folder. In-l
 ModernBERT, ...) have no auto_map and run nothing from their folder.
 """
 
+import ast
 import functools
 import hashlib
 import json
@@ -59,8 +60,28 @@ def shipped_names() -> frozenset[str]:
 
 
 def is_ours(name: str, data: bytes | None, listed_id: str | None = None) -> bool:
-    """Whether `data` (or the file the hub lists with `listed_id`) is a version of our model file `name`."""
+    """Whether `data` (or the file the hub lists with `listed_id`) is a version of our model file `name`. A
+    checkpoint's variants.py is written for its config (model/pretrained.py): it is ours when it holds nothing but
+    a docstring and relative imports (imports_only), as the files it imports are then checked in their turn."""
+    if name == "variants.py" and data is not None and imports_only(data):
+        return True
     return (listed_id or blob_id(data)) in shipped().get(name, ())
+
+
+def imports_only(data: bytes) -> bool:
+    """Whether a Python file does nothing but import names from modules beside it: a docstring, then only
+    `from .module import name` statements (no aliases, no star, no package-relative dots beyond one)."""
+    try:
+        tree = ast.parse(data.decode("utf-8"))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    body = tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return all(isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and "." not in node.module
+               and all(alias.asname is None and alias.name.isidentifier() for alias in node.names)
+               for node in body)
 
 
 # The JSON files transformers reads an auto_map from when a model, its tokenizer or its processor is loaded.
@@ -164,12 +185,3 @@ def foreign_code(folder: Path, bounds: Path | None = None) -> str | None:
         if not is_ours(name, (Path(folder) / name).read_bytes()):
             return name
     return None
-
-
-def our_closure(modules: list[str]) -> list[str] | None:
-    """The files this installation's modules of these names import (what to fetch of a hub repository that names
-    them), or None when a module is not one of ours."""
-    if not all(f"{module}.py" in ours() for module in modules):
-        return None
-    files, _ = closure(PACKAGE / "model", modules)
-    return sorted(files)

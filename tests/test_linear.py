@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from cramming.model.linear import LINEARS, BTTMoE, linear_problem
+from cramming.model.linear import LINEARS, linear_problem
+from cramming.model.structured_linear import BTTMoE
 from cramming.train.flops import counter
 
 SHAPES = [(16, 64), (64, 16), (24, 24)]

@@ -343,7 +343,7 @@ def test_rpe_cached_equals_uncached():
 
 
 def test_rpe_buckets_follow_t5():
-    from cramming.model.positions import relative_buckets
+    from cramming.model.relative_bias import relative_buckets
 
     relative = torch.arange(-40, 41)
     both = relative_buckets(relative, True, 32, 128)

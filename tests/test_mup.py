@@ -1,4 +1,4 @@
-"""arch.parametrization=mup (model/parametrization.py), observed: the coordinate check (how much a few Adam steps
+"""arch.parametrization=mup (model/mup.py), observed: the coordinate check (how much a few Adam steps
 move the logits stays flat with width under muP and grows under the standard parametrization), muP at its base
 width being the standard parametrization exactly, the init (arch.init=small composed with it), learning-rate and
 weight-decay groups, readout W (h / m) + b and attention scale it sets, each against the `mup` package's rule, and

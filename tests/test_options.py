@@ -25,11 +25,12 @@ from cramming.errors import UserError
 from cramming.model import CrammedForCausalLM
 from cramming.model.attention import eager_attention, sdpa_attention
 from cramming.model.gmlp import GMLPBlock
-from cramming.model.linear import BTT, BTTMoE, Dense, Kronecker, LowRank, Monarch
+from cramming.model.linear import Dense
 from cramming.model.modeling_crammed import MLP, TransformerBlock
 from cramming.model.norms import LayerNorm, RMSNorm, ScaleNorm
 from cramming.model.positions import LearnedPositions, NoPositions
 from cramming.model.rotary import ROTARY_IMPLS
+from cramming.model.structured_linear import BTT, BTTMoE, Kronecker, LowRank, Monarch
 from cramming.pretraining import pretrain
 from cramming.train.lion import Lion
 from cramming.train.optim import Combined

@@ -13,8 +13,9 @@ from cramming.eval.finetune import FINETUNE_SCHEDULES
 from cramming.model import CrammedConfig, CrammedForMaskedLM
 from cramming.model.arch import ArchConfig, AttentionConfig
 from cramming.model.attention import ATTENTION_KERNELS, eager_attention, kernel_problem
-from cramming.model.patterns import PATTERNS, Local
+from cramming.model.patterns import PATTERNS
 from cramming.model.positions import POSITIONS, LearnedPositions, PositionScheme
+from cramming.model.sparse_patterns import Local
 from cramming.run import build_model
 from cramming.train.objectives import OBJECTIVES
 from cramming.train.schedule import SCHEDULES

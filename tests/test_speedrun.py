@@ -17,8 +17,9 @@ from torch.nn import functional as F
 from cramming import pretraining
 from cramming import run as run_module
 from cramming.errors import exit_on_user_error
+from cramming.kernels.fused_loss import linear_cross_entropy
 from cramming.model import CrammedConfig, CrammedForCausalLM, CrammedForMaskedLM
-from cramming.model.losses import LOSSES, linear_cross_entropy, soft_cap
+from cramming.model.losses import LOSSES, soft_cap
 from cramming.model.modeling_crammed import SelfAttention
 from cramming.train.schedule import window_at
 from cramming.validation import load_config
@@ -79,7 +80,7 @@ def test_both_losses_train_on_the_capped_logits(loss):
 
 def test_fused_softcap_in_chunks(monkeypatch):
     """Several chunks: each chunk's slope buffer is its own."""
-    import cramming.model.losses as fused
+    import cramming.kernels.fused_loss as fused
 
     monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 7 * 50)
     hidden = torch.randn(40, 16, requires_grad=True)

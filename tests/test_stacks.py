@@ -1,4 +1,4 @@
-"""The layer stack is chosen when the model is built (modeling_crammed.build_stack): every block in turn (None), a
+"""The layer stack is chosen when the model is built (blocks.build_stack): every block in turn (None), a
 U-net (model/unet.py) or token dropping (model/token_dropping.py). The forward runs whichever stack the options
 asked for, and the stack holds only structure, so the model's tensor names do not depend on it."""
 
@@ -58,3 +58,43 @@ def test_each_stack_computes_what_its_options_mean():
     dropped = dropping.encoder(ids, keep=keep).last_hidden_state
     whole = dropping.encoder(ids).last_hidden_state
     assert not torch.allclose(dropped, whole)
+
+
+def test_a_new_stack_is_one_registered_class_whose_weights_the_model_holds():
+    """The extension point itself (blocks.STACKS): a stack chosen by its own rule, its module held by the model
+    under the name it gives (saved with the weights), its order of blocks the one the forward runs."""
+    from torch import nn
+
+    from cramming.model.blocks import STACKS, Stack
+
+    class Reversed(Stack):
+        """The blocks last to first, then a learned scale."""
+
+        @staticmethod
+        def chosen(config) -> bool:
+            return config.num_layers == 3
+
+        @staticmethod
+        def weights(config) -> dict:
+            return {"reversed_scale": nn.Linear(1, 1, bias=False)}
+
+        def __call__(self, model, x, ctx, at, keep=None):
+            x = model.run_blocks(x, range(len(model.layers) - 1, -1, -1), at)
+            return x * model.reversed_scale.weight[0, 0]
+
+    STACKS.register("reversed")(Reversed)
+    try:
+        torch.manual_seed(0)
+        m = CrammedForMaskedLM(CrammedConfig(**{**SIZES, "num_layers": 3})).eval()
+        assert type(m.encoder.stack) is Reversed and "encoder.reversed_scale.weight" in m.state_dict()
+        ids = torch.randint(5, 97, (2, 12))
+        with torch.no_grad():
+            m.encoder.reversed_scale.weight.fill_(2.0)
+            x = m.encoder.embed(ids, 0, None)
+            for layer in reversed(m.encoder.layers):
+                x = layer(x)
+            want = m.encoder.final_norm(2.0 * x)
+        torch.testing.assert_close(m.encoder(ids).last_hidden_state, want, rtol=0, atol=1e-6)
+        assert type(model().encoder.stack) is type(None)  # four layers: not chosen
+    finally:
+        del STACKS["reversed"]

@@ -18,7 +18,7 @@ from cramming.model.configuration_crammed import CrammedConfig
 from cramming.model.context import Context
 from cramming.model.heads import CrammedForSequenceClassification
 from cramming.model.modeling_crammed import CrammedForMaskedLM
-from cramming.model.rotary import Positions
+from cramming.model.context import Positions
 from cramming.model.token_dropping import TokenImportance, dropping_layers, kept_only_layers
 from cramming.train.flops import block_flops, forward_flops_per_token
 from cramming.validation import load_config

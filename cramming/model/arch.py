@@ -70,7 +70,7 @@ class GMLPConfig:
 
 @dataclass
 class MupConfig:
-    """parametrization=mup (model/parametrization.py)."""
+    """parametrization=mup (model/mup.py)."""
 
     base_width: int = 128  # the hidden_size at which muP equals the standard parametrization
 

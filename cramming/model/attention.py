@@ -175,7 +175,7 @@ def build_mask_at(q, k, spec: AttentionSpec, pattern, positions=None):
     """The spec's pattern mask (pattern.visible at its window / stepped / topk), causality, padding, documents,
     ALiBi and bias. Distances (causality, windows, ALiBi) count the tensor's indices, which are the real tokens'
     distances when padding is only on the left or the right; an absolute pattern (stepped) is computed at
-    `positions` (the context's rotary.Positions) when given."""
+    `positions` (the context's Positions, context.py) when given."""
     key_idx = torch.arange(k.shape[2], device=q.device)
     query_idx = key_idx[k.shape[2] - q.shape[2]:]
     at = (positions.ids, positions.key_ids) if positions is not None and pattern.absolute else (query_idx, key_idx)

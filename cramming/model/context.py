@@ -7,13 +7,23 @@ from typing import NamedTuple
 
 import torch
 
-from .rotary import Positions
-from .token_dropping import gather_tokens
+
+class Positions(NamedTuple):
+    """Where the rows of q and k sit when that is not simply 0 .. seq - 1: a subset of a sequence's tokens (token
+    dropping), or positions given by the caller (position_ids: left-padded generation counts only real tokens)."""
+
+    ids: torch.Tensor  # (batch, rows) the rows' positions
+    seq_len: int  # a bound on every position: the tables must reach it
+    keys: torch.Tensor | None = None  # (batch, keys) the keys' positions when they are more rows (a KV cache)
+
+    @property
+    def key_ids(self) -> torch.Tensor:
+        return self.ids if self.keys is None else self.keys
 
 
 class Context(NamedTuple):
     padding: torch.Tensor | None = None  # (batch, seq) bool, True = a real token; None: every token is real
-    positions: Positions | None = None  # where the rows sit when not at their indices (rotary.Positions)
+    positions: Positions | None = None  # where the rows sit when not at their indices (Positions)
     documents: torch.Tensor | None = None  # (batch, seq) document ids: no attention across them (data.document_masking)
     bias: torch.Tensor | None = None  # an additive score bias shared by the layers (T5's relative-position bias)
     cache: object | None = None  # this layer's KV cache slot when generating (kv_cache.LayerCache)
@@ -27,13 +37,6 @@ class Context(NamedTuple):
         if self.hidden_states is not None:
             self.hidden_states.append(x)
         return x
-
-    def kept(self, keep: torch.Tensor, seq_len: int) -> "Context":
-        """The context of the kept tokens alone (token dropping): their padding, document ids and positions."""
-        ids = keep if self.positions is None else self.positions.ids.gather(1, keep)
-        return self._replace(padding=None if self.padding is None else gather_tokens(self.padding, keep),
-                             documents=None if self.documents is None else gather_tokens(self.documents, keep),
-                             positions=Positions(ids, seq_len))
 
 
 PLAIN = Context()  # a forward with nothing to tell: every token real, at its index, in one document, no cache
@@ -55,7 +58,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def token_positions(position_ids, attention_mask, past: int, seq_len: int) -> Positions | None:
-    """The per-forward Positions of the new tokens (rotary.Positions), or None for past .. past + seq_len - 1.
+    """The per-forward Positions of the new tokens (Positions), or None for past .. past + seq_len - 1.
     With a cache, the cached keys' positions (which the stepped pattern reads) are derived from attention_mask,
     so beam search's reordering of the mask reorders them too."""
     if position_ids is None:

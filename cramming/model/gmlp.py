@@ -1,5 +1,5 @@
 """The gMLP block (Liu et al. 2021, "Pay Attention to MLPs"), `arch.layout=[gmlp]`: a drop-in for the transformer
-block (modeling_crammed.py registers it in BLOCKS).
+block (blocks.py).
 
 Channels go up to ffn_size and split in two halves u and v; v is normalised and mixed across positions by a
 learned (seq x seq) matrix, the spatial gating unit; u * v goes back down to the hidden size. With
@@ -13,6 +13,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .activations import ACTIVATIONS
 from .attention import ATTENTION_KERNELS
 from .attention_masks import AttentionSpec, same_document
+from .blocks import BLOCKS
 from .context import PLAIN, Context
 from .linear import build_linear
 from .norms import build_norm
@@ -36,6 +37,7 @@ class TinyAttention(nn.Module):
         return self.out(y.squeeze(1))
 
 
+@BLOCKS.register("gmlp")
 class GMLPBlock(GradientCheckpointingLayer):
     """gMLP: a spatial gating unit mixes the tokens through a learned sequence-by-sequence matrix instead of
     attention (with arch.gmlp.attn_dim, aMLP: plus a tiny single-head attention)."""

@@ -3,13 +3,14 @@ transformer block (attention then feed-forward, each a residual branch, normalis
 (embeddings -> blocks -> final norm, CrammedModel), the MLM head (CrammedForMaskedLM) and the next-token head of
 causal models (CrammedForCausalLM, `objective: clm`, whose attention is causal).
 
-Every variant is a file of its own, entering through a registry this file asks by name (docs/extending.md): the
-attention kernel and pattern (attention.py, patterns.py), the position scheme (positions.py, rotary.py), the linear
-layers (linear.py), the activation and norm (activations.py, norms.py), the block kind (gmlp.py, registered below),
-the stack (unet.py, token_dropping.py), value embeddings and arch.parametrization. What every model shares as a
-PreTrainedModel (saving, loading, init) is pretrained.py; the fine-tuning heads (GLUE's classifier and the others)
-are heads.py, ELECTRA's pretraining head electra.py. Only relative imports: Hugging Face copies this folder flat
-for `trust_remote_code=True`.
+Every variant is a file of its own, registered at an extension point this file asks by name (docs/extending.md):
+the attention kernel and pattern (attention.py, patterns.py), the position scheme (positions.py), the linear layers
+(linear.py), the activation and norm (activations.py, norms.py), the block kind and the stack (blocks.py) and
+arch.parametrization. variants.py imports the variant files (gmlp.py, rotary.py, unet.py, ...), last of all below;
+a saved checkpoint's imports only those its config uses. What every model shares as a PreTrainedModel (saving,
+loading, init) is pretrained.py; the fine-tuning heads (GLUE's classifier and the others) are heads.py, ELECTRA's
+pretraining head electra.py. Only relative imports: Hugging Face copies this folder flat for
+`trust_remote_code=True`.
 """
 
 import warnings
@@ -25,9 +26,9 @@ from .activations import ACTIVATIONS
 from .arch import ArchConfig
 from .attention import ATTENTION_KERNELS, attend_at, eager_attention, eager_probs, weighted_values
 from .attention_masks import AttentionSpec
+from .blocks import BLOCKS, build_stack, cache_problem
 from .configuration_crammed import CrammedConfig, current_keys
 from .context import PLAIN, Context, document_positions, position_ids_from_mask, token_positions
-from .gmlp import GMLPBlock
 from .kv_cache import CACHE_KEY, LayerCache
 from .linear import build_linear
 from .losses import LOSSES, head_logits
@@ -37,8 +38,6 @@ from .patterns import PATTERNS
 from .positions import POSITIONS
 from .pretrained import CrammedPreTrainedModel
 from .registry import Registry, invalid
-from .token_dropping import DroppingStack, TokenImportance, dropping_layers
-from .unet import UNetSkips, UNetStack
 from .value_embeddings import ValueEmbeddings, ValueMix, value_layers
 
 # ---------------------------------------------------------------- the feed-forward block (arch.ffn)
@@ -188,28 +187,6 @@ def set_attention_window(model, window: int) -> None:
 # ---------------------------------------------------------------- the block (arch.layout)
 
 
-BLOCKS = Registry("block", traits={
-    "kv_cache": "its forward takes a KV cache slot (kv_cache.py): generation may cache it",
-    "token_subsets": "it may run on a subset of the tokens (arch.token_dropping), given their positions",
-    "takes_value_embedding": "its attention mixes arch.value_embeddings' tables into the values",
-    "width_scaled": "every weight's fan-in is the width: arch.parametrization=mup covers it",
-    "fixed_length": "it holds arch.max_seq_length-sized weights: no sequences past arch.max_seq_length",
-})
-BLOCKS.serves(ArchConfig, "layout")
-
-
-def cache_problem(config) -> str | None:
-    """Why a model of these blocks cannot generate with a KV cache, or None. A block kind opts in with
-    `kv_cache = True` (its forward takes `cache`); the others are refused, so generation recomputes the prefix
-    instead of giving a wrong answer. gMLP is refused: its spatial gate mixes positions through a learned
-    (seq x seq) matrix and keeps no keys and values; caching it would mean storing every layer's gate inputs."""
-    kinds = sorted({kind for kind in config.layout if not BLOCKS.trait(BLOCKS.get_or_explain(kind), "kv_cache")})
-    if not kinds:
-        return None
-    return (f"no KV cache for arch.layout={config.layout}: {', '.join(kinds)} blocks keep no keys and values (only "
-            f"{BLOCKS.choices('kv_cache')} blocks do); generation recomputes the prefix at every step")
-
-
 @BLOCKS.register("attention")
 class TransformerBlock(GradientCheckpointingLayer):
     """Self-attention then the feed-forward block, each with its residual and norm (pre or post, arch.norm_position).
@@ -249,8 +226,6 @@ class TransformerBlock(GradientCheckpointingLayer):
         x = self.norm1(x + self.dropout(self.attn(x, ctx)))
         return self.norm2(x + self.dropout(self.ffn(x)))
 
-
-BLOCKS.register("gmlp")(GMLPBlock)  # gmlp.py: the spatial gating unit in place of attention
 
 
 # ---------------------------------------------------------------- the model
@@ -297,15 +272,6 @@ def build_layers(config) -> list[nn.Module]:
     return layers
 
 
-def build_stack(config):
-    """How the blocks run when not every block in turn on every token: dropping tokens in the middle layers
-    (token_dropping.py) or as a U-net (unet.py); None: in turn. Validation refuses the two together."""
-    dropping = dropping_layers(config)
-    if dropping is not None:
-        return DroppingStack(dropping, config.token_dropping.cross_first)
-    return UNetStack() if config.unet_skips else None
-
-
 class CrammedModel(CrammedPreTrainedModel):
     def __init__(self, config: CrammedConfig):
         super().__init__(config)
@@ -322,8 +288,9 @@ class CrammedModel(CrammedPreTrainedModel):
         self.score_bias = positions.score_bias(config)
         self.final_norm = build_norm(config) if config.final_norm else nn.Identity()
         self.value_embeddings = ValueEmbeddings(config) if config.value_embeddings else None
-        self.unet = UNetSkips(config) if config.unet_skips else None
-        self.stack = build_stack(config)  # how the blocks run: None in turn; a U-net, or dropping tokens
+        self.stack = build_stack(config)  # how the blocks run (blocks.STACKS): None in turn; a U-net; token dropping
+        for name, module in (self.stack.weights(config) if self.stack is not None else {}).items():
+            self.add_module(name, module)  # what the stack's weights are saved as (the U-net's skips: `unet`)
         self._register_load_state_dict_pre_hook(current_keys)
         self.post_init()
 
@@ -473,7 +440,7 @@ class CrammedForMaskedLM(CrammedPreTrainedModel):
         super().__init__(config)
         self.encoder = CrammedModel(config)
         # arch.token_dropping: the per-id running MLM loss that decides which tokens to drop (token_dropping.py)
-        self.token_importance = TokenImportance(config) if dropping_layers(config) is not None else None
+        self.token_importance = None if self.encoder.stack is None else self.encoder.stack.importance(config)
         if config.head_transform:  # the original BERT head: dense -> act -> norm before the decoder
             self.transform = nn.Sequential(
                 nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias),
@@ -629,3 +596,8 @@ class _Activation(nn.Module):
 # Saved checkpoints name these classes in config.json's auto_map (cramming.model.AUTO_MAP).
 CrammedForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 CrammedForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+
+# Last, with every extension point defined: the variant files this folder holds register themselves there. A variant
+# imports the extension points it extends, never this file (variants.py).
+from .variants import __name__ as _variants  # noqa: E402, F401, I001

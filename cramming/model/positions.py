@@ -1,9 +1,9 @@
 """Position schemes by name (`arch.position`): each knows what it adds to the model and builds it.
 
 A scheme adds at most one of: a table added to the token embeddings (learned, sinusoidal, scaled-sinusoidal),
-a score bias shared by the layers (rpe), a rotation of queries and keys (rotary), or a bias the attention kernels
-compute themselves (alibi, flagged by `alibi`). `none` adds nothing (NoPE). The model and the attention ask the
-scheme; a new scheme is one class here plus its registry line.
+a score bias shared by the layers (rpe, relative_bias.py), a rotation of queries and keys (rotary, rotary.py), or a
+bias the attention kernels compute themselves (alibi, flagged by `alibi`). `none` adds nothing (NoPE). The model and
+the attention ask the scheme; a new scheme is a class registered here, in a file of its own (docs/extending.md).
 """
 
 import math
@@ -13,7 +13,6 @@ from torch import nn
 
 from .arch import ArchConfig
 from .registry import Registry, invalid
-from .rotary import Rotation
 
 POSITIONS = Registry("position", traits={
     # its positions travel with the tokens, so layers may see a subset of them (arch.token_dropping): a table added
@@ -105,8 +104,8 @@ class PositionScheme:
         """A module giving the (1, heads, seq, seq) bias added to every layer's scores, or None."""
         return None
 
-    def rotation(self, config, index: int) -> Rotation | None:
-        """What rotates the queries and keys of attention block `index`, or None."""
+    def rotation(self, config, index: int):
+        """What rotates the queries and keys of attention block `index` (rotary.Rotation), or None."""
         return None
 
     def problem(self, config) -> str | None:
@@ -156,75 +155,3 @@ class ALiBi(PositionScheme):
 
     alibi = True
     kernel_arg = "alibi"
-
-
-@POSITIONS.register_one("rpe")
-class T5RelativeBias(PositionScheme):
-    """T5's relative-position bias: a learned score per head and log-spaced distance bucket (arch.rpe)."""
-
-    kernel_arg = "bias"
-
-    def score_bias(self, config) -> nn.Module:
-        return RelativePositionBias(config)
-
-    def problem(self, config) -> str | None:
-        rpe = config.arch.rpe  # its own ranges: RPEConfig.RULES
-        if rpe.max_distance < rpe.buckets:
-            return invalid("arch.rpe.max_distance", rpe.max_distance, f"must be >= arch.rpe.buckets={rpe.buckets}")
-        return None
-
-
-@POSITIONS.register_one("rotary")
-class Rotary(PositionScheme):
-    """Rotary embeddings (RoFormer): queries and keys turned by angles of their positions (arch.rotary)."""
-
-    token_subsets = True  # each kept token is turned by its own position
-
-    def rotation(self, config, index: int) -> Rotation | None:
-        return Rotation(config) if index % config.rotary.every == 0 else None
-
-    def problem(self, config) -> str | None:
-        a = config.arch
-        head_dim = a.hidden_size // a.num_heads
-        if int(head_dim * a.rotary.pct) < 2:  # its own ranges: RotaryConfig.RULES
-            return invalid("arch.rotary.pct", a.rotary.pct,
-                           f"rotates no dimension pair of a {head_dim}-dim head; raise it")
-        return None
-
-
-# ---------------------------------------------------------------- T5's relative-position bias
-# T5's relative-position bias (`arch.position=rpe`): a learned scalar per head for each bucket of relative
-# distance, added to the attention scores. Small distances get a bucket each, larger ones share logarithmically
-# wider buckets up to `arch.rpe.max_distance`, beyond which all share the last. Bidirectional models split the buckets
-# between keys before and after the query; causal models only look back.
-
-
-def relative_buckets(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
-    """Bucket index for each relative position (key index minus query index)."""
-    offset = 0
-    if bidirectional:
-        num_buckets //= 2
-        offset = (relative > 0).long() * num_buckets
-        distance = relative.abs()
-    else:
-        distance = (-relative).clamp_min(0)
-    exact = num_buckets // 2
-    log_ratio = torch.log(distance.float().clamp_min(1) / exact) / math.log(max_distance / exact)
-    far = (exact + (log_ratio * (num_buckets - exact)).long()).clamp_max(num_buckets - 1)
-    return offset + torch.where(distance < exact, distance, far)
-
-
-class RelativePositionBias(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.bidirectional = not config.causal
-        self.num_buckets, self.max_distance = config.rpe.buckets, config.rpe.max_distance
-        self.embedding = nn.Embedding(config.rpe.buckets, config.num_heads)
-
-    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
-        """(1, heads, seq, offset + seq) bias of the queries at offset .. offset + seq - 1 (offset: tokens already
-        in a KV cache) against every key up to them."""
-        pos = torch.arange(offset + seq_len, device=self.embedding.weight.device)
-        buckets = relative_buckets(pos[None, :] - pos[offset:, None], self.bidirectional, self.num_buckets,
-                                   self.max_distance)
-        return self.embedding(buckets).permute(2, 0, 1)[None]

@@ -11,11 +11,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.dynamic_module_utils import get_relative_imports
 
-from .configuration_crammed import OLD_KEYS, CrammedConfig
+from .arch import ArchConfig
+from .blocks import stack_of
+from .configuration_crammed import OLD_KEYS, SECTIONS, CrammedConfig
 from .parametrization import init_std, parametrization
-from .registry import copy_into
+from .registry import Registry, copy_into
 
 # save_pretrained(push_to_hub=True, ...)'s keywords that only the push reads.
 HUB_KEYWORDS = ("repo_id", "commit_message", "create_pr", "private", "revision", "commit_description", "tags")
@@ -41,33 +43,49 @@ class CrammedPreTrainedModel(PreTrainedModel):
         return super().from_pretrained(*args, key_mapping={**OLD_KEYS, **(key_mapping or {})}, **kwargs)
 
     def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
-        """Hugging Face's save, then the registry's own code over the package's re-export of it (registry.py), so
-        the folder loads without cramming. A push goes through push_to_hub, which saves through here again."""
+        """Hugging Face's save, then the model code this config needs (copy_model_code) and the registry's own code
+        over the package's re-export of it (registry.py), so the folder loads without cramming. A push goes through
+        push_to_hub, which saves through here again."""
         hub = {key: kwargs.pop(key) for key in HUB_KEYWORDS if key in kwargs}
+        folder = Path(save_directory)
+        before = {path.name for path in folder.glob("*.py")} if folder.is_dir() else set()
         super().save_pretrained(save_directory, *args, **kwargs)
-        self.copy_model_code(save_directory)
+        self.copy_model_code(folder, before)
         copy_into(save_directory)
         if push_to_hub:
-            repo_id = hub.pop("repo_id", Path(save_directory).name)  # Hugging Face's default: the folder's name
+            repo_id = hub.pop("repo_id", folder.name)  # Hugging Face's default: the folder's name
             return self.push_to_hub(repo_id, token=kwargs.get("token"), **hub)
         return None
 
-    def copy_model_code(self, folder) -> None:
-        """The file of every module the config's auto_map names, with its relative imports: transformers copies only
-        the saved class's, yet the folder loads as every Auto class it lists (heads.py's too). The files come from
-        beside this one, else (a model whose code transformers copied from a checkpoint folder, for one class only)
-        from the folder it was loaded from."""
+    def copy_model_code(self, folder: Path, before=frozenset()) -> None:
+        """The file of every module the config's auto_map names, with its relative imports, as transformers follows
+        them: transformers copies only the saved class's, yet the folder loads as every Auto class it lists
+        (heads.py's too). variants.py is written for this config (variants_text), so the folder holds only the
+        variant files it uses; the others, which transformers' copy of this installation's variants.py brought,
+        are removed again (never a file the folder held before this save). The files come from beside this one,
+        else (a model whose code transformers copied from a checkpoint folder, for one class only) from the folder
+        it was loaded from."""
         sources = [Path(__file__).parent]
         loaded_from = str(getattr(self.config, "_name_or_path", "") or "")
         if loaded_from and Path(loaded_from).is_dir():
             sources.append(Path(loaded_from))
-        for module in sorted({name.split(".")[0] for name in (self.config.auto_map or {}).values()}):
-            source = next((s / f"{module}.py" for s in sources if (s / f"{module}.py").is_file()), None)
-            if source is None:
+        todo = sorted({name.split(".")[0] + ".py" for name in (self.config.auto_map or {}).values()})
+        written = set()
+        while todo:
+            name = todo.pop(0)
+            source = next((s / name for s in sources if (s / name).is_file()), None)
+            if name in written or source is None:
                 continue  # another repository's code ("repo--module"), or none to be had: left as transformers does
-            for path in [source, *get_relative_import_files(str(source))]:
-                if Path(path).resolve() != (Path(folder) / Path(path).name).resolve():
-                    shutil.copyfile(path, Path(folder) / Path(path).name)
+            target = folder / name
+            if name == "variants.py":
+                target.write_text(variants_text(source.read_text(), variant_modules(self.config)))
+            elif source.resolve() != target.resolve():
+                shutil.copyfile(source, target)
+            written.add(name)
+            todo += [f"{module}.py" for module in get_relative_imports(str(target))]
+        for path in folder.glob("*.py"):
+            if path.name not in written | set(before) | {"registry.py"}:
+                path.unlink()
 
     def init_std_for(self, module) -> float:
         """The std arch.init (and arch.zero_init_out) gives this module's weights (parametrization.py)."""
@@ -87,3 +105,26 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif hasattr(module, "init_weights_"):  # every module of ours with weights of its own initialises them
             module.init_weights_(init, self.init_std_for(module))
+
+
+def variant_modules(config) -> set[str]:
+    """The modules of the registered entries the config's architecture options name (arch.layout's blocks,
+    arch.linear's layer, ...) and of its stack: a saved folder's variants.py imports those that are variant files."""
+    stack = stack_of(config)
+    sections = {ArchConfig: config, **{schema: getattr(config, name) for name, schema in SECTIONS.items()}}
+    modules = set()
+    for (schema, field), registry in Registry.serving.items():
+        if schema not in sections:
+            continue  # an option of the run (impl, train), not of the model
+        values = getattr(sections[schema], field)
+        for value in values if isinstance(values, list) else [values]:
+            entry = registry.get(value)
+            modules.add(getattr(entry, "__module__", "").rsplit(".", 1)[-1])
+    return modules | ({stack.__module__.rsplit(".", 1)[-1]} if stack is not None else set())
+
+
+def variants_text(text: str, used: set[str]) -> str:
+    """variants.py for a folder that uses these modules: the lines of this installation's (`text`), less the
+    imports of the variant files it does not use."""
+    lines = text.splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("from .") or line.split()[1][1:] in used)

@@ -7,12 +7,12 @@ in the GPT-J interleaved layout. `apply_rotary_torch` is the definition; crammin
 Triton version, which impl.py registers under the name "triton" (`impl.rotary`).
 """
 
-from typing import NamedTuple
-
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .registry import Registry
+from .context import Positions
+from .positions import POSITIONS, PositionScheme
+from .registry import Registry, invalid
 
 ROTARY_IMPLS = Registry("rotary kernel", traits={
     "needs_triton": "it is a Triton kernel: refused where Triton cannot run (impl.triton_problem)",
@@ -90,19 +90,6 @@ def apply_rotary_torch(x, cos, sin, position_ids=None, rotary_pct=1.0, interleav
     return torch.cat((rot.to(x.dtype), rest), dim=-1)
 
 
-class Positions(NamedTuple):
-    """Where the rows of q and k sit when that is not simply 0 .. seq - 1: a subset of a sequence's tokens (token
-    dropping), or positions given by the caller (position_ids: left-padded generation counts only real tokens)."""
-
-    ids: torch.Tensor  # (batch, rows) the rows' positions
-    seq_len: int  # a bound on every position: the tables must reach it
-    keys: torch.Tensor | None = None  # (batch, keys) the keys' positions when they are more rows (a KV cache)
-
-    @property
-    def key_ids(self) -> torch.Tensor:
-        return self.ids if self.keys is None else self.keys
-
-
 class Rotation:
     """Rotates one attention block's queries and keys (arch.position=rotary) with the kernel impl.rotary names."""
 
@@ -144,3 +131,21 @@ class Rotation:
                                       torch.float32)
             return cos[offset:offset + seq_len], sin[offset:offset + seq_len]
         return rotary_cos_sin(seq_len, rotary_dim, self.base, device, torch.float32)
+
+
+@POSITIONS.register_one("rotary")
+class Rotary(PositionScheme):
+    """Rotary embeddings (RoFormer): queries and keys turned by angles of their positions (arch.rotary)."""
+
+    token_subsets = True  # each kept token is turned by its own position
+
+    def rotation(self, config, index: int) -> Rotation | None:
+        return Rotation(config) if index % config.rotary.every == 0 else None
+
+    def problem(self, config) -> str | None:
+        a = config.arch
+        head_dim = a.hidden_size // a.num_heads
+        if int(head_dim * a.rotary.pct) < 2:  # its own ranges: RotaryConfig.RULES
+            return invalid("arch.rotary.pct", a.rotary.pct,
+                           f"rotates no dimension pair of a {head_dim}-dim head; raise it")
+        return None

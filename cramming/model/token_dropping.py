@@ -1,12 +1,16 @@
 """Token dropping (Hou et al., "Token Dropping for Efficient BERT Pretraining", ACL 2022), `arch.token_dropping`:
-which layers see only the kept tokens (DroppingStack, the order the blocks run in), and which tokens are kept
-(TokenImportance, the per-id running MLM loss that CrammedForMaskedLM asks)."""
+which layers see only the kept tokens (DroppingStack, the order the blocks run in: a STACKS entry, blocks.py), and
+which tokens are kept (TokenImportance, the per-id running MLM loss that CrammedForMaskedLM asks). Training-only: a
+checkpoint ships this file when it was pretrained with token dropping."""
 
 import math
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from .blocks import STACKS, Stack
+from .context import Context, Positions
 
 # The layout is the TF reference's (tensorflow/models, official/projects/token_dropping/encoder.py), whose encoder
 # says: "For a 12-layer BERT: 1. All tokens fist go though 5 transformer layers, then 2. Only important tokens go
@@ -36,22 +40,32 @@ from torch import nn
 # losses (the reference's scatter keeps an arbitrary one), and [UNK] is an ordinary id (the reference keeps it).
 
 
-class DroppingStack:
+@STACKS.register("token-dropping")
+class DroppingStack(Stack):
     """Token dropping's layers [first, last) update only the kept tokens; the dropped ones wait as they are and
     rejoin after them (above). With cross_first the first of them reads every token as keys and values,
     and only the kept queries' rows go on (the reference's cross-attention). A forward without `keep` (validation,
     fine-tuning, inference) runs every block on every token. `stack(model, x, ctx, at, keep)`:
     modeling_crammed.CrammedModel.blocks' arguments."""
 
-    def __init__(self, dropping: range, cross_first: bool):
-        self.dropping, self.cross_first = dropping, cross_first
+    def __init__(self, config):
+        self.dropping, self.cross_first = dropping_layers(config), config.token_dropping.cross_first
+
+    @staticmethod
+    def chosen(config) -> bool:
+        return dropping_layers(config) is not None
+
+    @staticmethod
+    def importance(config) -> "TokenImportance":
+        """The per-id running loss, held by the MLM head: its buffer is saved with the weights."""
+        return TokenImportance(config)
 
     def __call__(self, model, x, ctx, at, keep=None):
         if keep is None:
             return model.run_blocks(x, range(len(model.layers)), at)
         first, last = self.dropping.start, self.dropping.stop
         x = model.run_blocks(x, range(first), at)
-        kept = ctx.kept(keep, x.shape[1])  # the context of the kept tokens alone
+        kept = kept_context(ctx, keep, x.shape[1])
         if self.cross_first:
             y = gather_tokens(model.layers[first](x, at(first)), keep)
         else:
@@ -65,6 +79,14 @@ class DroppingStack:
                 ctx.record(scatter_tokens(x, keep, y))
         x = scatter_tokens(x, keep, y)
         return model.run_blocks(x, range(last, len(model.layers)), at)
+
+
+def kept_context(ctx: Context, keep: torch.Tensor, seq_len: int) -> Context:
+    """The context of the kept tokens alone: their padding, document ids and positions."""
+    ids = keep if ctx.positions is None else ctx.positions.ids.gather(1, keep)
+    return ctx._replace(padding=None if ctx.padding is None else gather_tokens(ctx.padding, keep),
+                        documents=None if ctx.documents is None else gather_tokens(ctx.documents, keep),
+                        positions=Positions(ids, seq_len))
 
 
 def split(config) -> tuple[int, int]:

@@ -1,15 +1,26 @@
 """U-net skip connections (the GPT speedrun, `arch.unet_skips`): the outputs of the first half's blocks are kept and
 added, each with a learned scalar weight (starting at 1), to the inputs of the mirrored blocks of the second half:
 block i's output enters block num_layers - 1 - i. Early features reach the late blocks without passing through the
-middle ones. The skips' weights are the model's module `unet`; UNetStack is the order the blocks run in."""
+middle ones. The skips' weights are the model's module `unet`; UNetStack is the order the blocks run in (a STACKS
+entry, blocks.py)."""
 
 import torch
 from torch import nn
 
+from .blocks import STACKS, Stack
 
-class UNetStack:
-    """Every block in turn, each second-half block's input joined by its mirror's output (UNetSkips weighs it).
-    `stack(model, x, ctx, at, keep)`: modeling_crammed.CrammedModel.blocks' arguments."""
+
+@STACKS.register("unet")
+class UNetStack(Stack):
+    """Every block in turn, each second-half block's input joined by its mirror's output (UNetSkips weighs it)."""
+
+    @staticmethod
+    def chosen(config) -> bool:
+        return bool(config.unet_skips)
+
+    @staticmethod
+    def weights(config) -> dict[str, nn.Module]:
+        return {"unet": UNetSkips(config)}
 
     def __call__(self, model, x, ctx, at, keep=None):
         outputs = []

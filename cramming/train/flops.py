@@ -7,8 +7,9 @@ file (`FLOPS[MyBlock] = lambda block, seq_len: ...`). 2 FLOPs per multiply-add t
 from torch import nn
 
 from ..model.gmlp import GMLPBlock
-from ..model.linear import BTTMoE, Kronecker, LinearMethods
+from ..model.linear import LinearMethods
 from ..model.modeling_crammed import TransformerBlock
+from ..model.structured_linear import BTTMoE, Kronecker
 from ..model.token_dropping import kept_count, kept_only_layers
 
 

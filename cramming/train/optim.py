@@ -11,6 +11,7 @@ import torch
 from ..config import OptimConfig
 from ..engines import ENGINES, Engine
 from ..errors import UserError
+from ..model import modeling_crammed  # noqa: F401  (loads every variant: PARAMETRIZATIONS whole)
 from ..model.parametrization import PARAMETRIZATIONS, hidden_weights, parametrization
 from ..registry import Registry, invalid, own_problem
 from .lion import Lion

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import torch._dynamo
 
 from ..config import TrainConfig
+from ..model import modeling_crammed  # noqa: F401  (loads every variant: PATTERNS whole)
 from ..model.patterns import PATTERNS
 from ..registry import Registry, invalid
 from .curriculum import sequence_length, stage_factors
