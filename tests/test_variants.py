@@ -103,6 +103,17 @@ def test_saving_removes_no_file_the_folder_held_before(tmp_path):
     assert not (tmp_path / "rotary.py").exists()  # what transformers' copy brought and the folder does not use
 
 
+def test_a_process_that_is_not_the_main_one_writes_no_code(tmp_path):
+    """save_pretrained(is_main_process=False), as each non-main rank of a distributed run calls it: transformers
+    writes nothing there, and neither does the code copy (which would race the main process's)."""
+    model = CrammedForMaskedLM(CrammedConfig(vocab_size=97, num_layers=2, hidden_size=32, num_heads=4, ffn_size=64))
+    model.config.auto_map = auto_map_of(model)
+    model.save_pretrained(tmp_path, is_main_process=False)
+    assert not list(tmp_path.glob("*.py"))
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "modeling_crammed.py").is_file()
+
+
 @pytest.mark.parametrize("text, trusted", [
     ('"""Doc."""\n\nfrom .gmlp import GMLPBlock  # noqa: F401\n', True),
     ("", True),

@@ -45,11 +45,13 @@ class CrammedPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
         """Hugging Face's save, then the model code this config needs (copy_model_code) and the registry's own code
         over the package's re-export of it (registry.py), so the folder loads without cramming. A push goes through
-        push_to_hub, which saves through here again."""
+        push_to_hub, which saves through here again. With is_main_process=False it writes nothing, as transformers'."""
         hub = {key: kwargs.pop(key) for key in HUB_KEYWORDS if key in kwargs}
         folder = Path(save_directory)
         before = {path.name for path in folder.glob("*.py")} if folder.is_dir() else set()
         super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", args[0] if args else True):
+            return None  # another process of a distributed run: the main one writes the folder (transformers' rule)
         self.copy_model_code(folder, before)
         copy_into(save_directory)
         if push_to_hub:
