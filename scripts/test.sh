@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Command 2: install, then run the whole test suite (CPU; about 13 minutes on 2 cores, 12 of them the tests).
+# Command 2: install, then run the whole test suite (CPU; about 20 minutes on 2 cores, 18 of them the tests).
 # Extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
