@@ -3,6 +3,8 @@ registers from modeling_crammed.py, gMLP from gmlp.py), what the rest of crammin
 the stack, how the blocks run when not every block in turn on every token (STACKS: unet.py, token_dropping.py).
 """
 
+import abc
+
 from .arch import ArchConfig
 from .registry import Registry
 
@@ -31,16 +33,18 @@ def cache_problem(config) -> str | None:
 STACKS = Registry("stack")
 
 
-class Stack:
+class Stack(abc.ABC):
     """What a stack answers (STACKS' entries subclass it): when the config asks for it, the modules the model holds
-    for it, and how the blocks run. `stack(model, x, ctx, at, keep)`: CrammedModel.blocks' arguments."""
+    for it, and how the blocks run. `stack(model, x, ctx, at, keep)`: CrammedModel.blocks' arguments. Built with the
+    config, which a stack reads what it needs from (this one: nothing)."""
 
     def __init__(self, config):
-        pass
+        del config
 
     @staticmethod
+    @abc.abstractmethod
     def chosen(config) -> bool:
-        raise NotImplementedError
+        """Whether the config asks for this stack."""
 
     @staticmethod
     def weights(config) -> dict:
@@ -52,8 +56,9 @@ class Stack:
         """What the MLM head holds to choose the tokens the stack keeps (token dropping), or None."""
         return None
 
+    @abc.abstractmethod
     def __call__(self, model, x, ctx, at, keep=None):
-        raise NotImplementedError
+        """The blocks run on the embedded tokens x (CrammedModel.blocks)."""
 
 
 def stack_of(config):

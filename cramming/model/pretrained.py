@@ -63,10 +63,10 @@ class CrammedPreTrainedModel(PreTrainedModel):
         """The file of every module the config's auto_map names, with its relative imports, as transformers follows
         them: transformers copies only the saved class's, yet the folder loads as every Auto class it lists
         (heads.py's too). variants.py is written for this config (variants_text), so the folder holds only the
-        variant files it uses; the others, which transformers' copy of this installation's variants.py brought,
-        are removed again (never a file the folder held before this save). The files come from beside this one,
-        else (a model whose code transformers copied from a checkpoint folder, for one class only) from the folder
-        it was loaded from."""
+        variant files it uses. Those transformers' copy of this installation's variants.py brought besides are
+        removed again: only files this save wrote (the package's own bytes), none the folder held before. The files
+        come from beside this one, else (a model whose code transformers copied from a checkpoint folder, for one
+        class only) from the folder it was loaded from."""
         sources = [Path(__file__).parent]
         loaded_from = str(getattr(self.config, "_name_or_path", "") or "")
         if loaded_from and Path(loaded_from).is_dir():
@@ -75,8 +75,8 @@ class CrammedPreTrainedModel(PreTrainedModel):
         written = set()
         while todo:
             name = todo.pop(0)
-            source = next((s / name for s in sources if (s / name).is_file()), None)
-            if name in written or source is None:
+            source = None if name in written else next((s / name for s in sources if (s / name).is_file()), None)
+            if source is None:
                 continue  # another repository's code ("repo--module"), or none to be had: left as transformers does
             target = folder / name
             if name == "variants.py":
@@ -85,8 +85,10 @@ class CrammedPreTrainedModel(PreTrainedModel):
                 shutil.copyfile(source, target)
             written.add(name)
             todo += [f"{module}.py" for module in get_relative_imports(str(target))]
-        for path in folder.glob("*.py"):
-            if path.name not in written | set(before) | {"registry.py"}:
+        for path in folder.glob("*.py"):  # what transformers' copy of this installation's variants.py brought
+            package_file = sources[0] / path.name
+            if path.name not in written | set(before) and package_file.is_file() \
+                    and path.read_bytes() == package_file.read_bytes():
                 path.unlink()
 
     def init_std_for(self, module) -> float:
@@ -112,7 +114,6 @@ class CrammedPreTrainedModel(PreTrainedModel):
 def variant_modules(config) -> set[str]:
     """The modules of the registered entries the config's architecture options name (arch.layout's blocks,
     arch.linear's layer, ...) and of its stack: a saved folder's variants.py imports those that are variant files."""
-    stack = stack_of(config)
     sections = {ArchConfig: config, **{schema: getattr(config, name) for name, schema in SECTIONS.items()}}
     modules = set()
     for (schema, field), registry in Registry.serving.items():
@@ -122,6 +123,7 @@ def variant_modules(config) -> set[str]:
         for value in values if isinstance(values, list) else [values]:
             entry = registry.get(value)
             modules.add(getattr(entry, "__module__", "").rsplit(".", 1)[-1])
+    stack = stack_of(config)
     return modules | ({stack.__module__.rsplit(".", 1)[-1]} if stack is not None else set())
 
 
