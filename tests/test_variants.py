@@ -5,6 +5,7 @@ relative imports, trusted as ours when every file it imports is ours. Every regi
 cramming reads it."""
 
 import ast
+import importlib
 import json
 import shutil
 import subprocess
@@ -81,7 +82,10 @@ def test_the_default_checkpoint_ships_far_less_code_than_every_variant(tmp_path)
 def test_every_registered_model_entry_is_on_the_default_path_or_a_listed_variant(tmp_path):
     """A new variant file that variants.py does not import would never ship: a checkpoint using it could not load
     without cramming. Every entry an architecture option can name lives in a file every checkpoint ships (a default
-    one's), or in one variants.py imports."""
+    one's), or in one variants.py imports. Every file of cramming/model/ is imported first, so an entry whose file
+    variants.py forgets is registered here and named."""
+    for path in sorted(MODEL.glob("*.py")):
+        importlib.import_module(f"cramming.model.{path.stem}")
     saved(tmp_path)
     core = [path.name for path in tmp_path.glob("*.py")]
     listed = {node.module + ".py" for node in ast.parse((MODEL / "variants.py").read_text()).body
